@@ -1,0 +1,342 @@
+// nbmon compact live meter: the anywidget front end for nbmon.meter.Meter.
+//
+// Stable hooks for tests and user CSS:
+//   .nbmon-meter                 root; data-status="running|done|failed|interrupted",
+//                                data-running="true|false", classes
+//                                nbmon-meter--{running,done,failed,interrupted}
+//                                ("interrupted" carries nbmon-meter--failed too).
+//   [data-nbmon="label|elapsed|cpu|ram|gpu|gpu-mem|status"]
+//                                value elements; the text is what the user sees,
+//                                data-value is the raw number ("" when unknown).
+//   [data-nbmon-metric="cpu|ram|gpu"]  one metric group; the GPU group is
+//                                [hidden] while gpu_count is 0.
+//   [data-nbmon-bar="cpu|ram|gpu"]     bar fill; data-fraction in [0, 1]. The RAM
+//                                bar is [hidden] unless ram_total_mb > 0.
+//
+// Python sends None for unknown readings; they arrive as null and show "–".
+// Built into nbmon/static/meter.js by js/build.mjs, which inlines format.js.
+
+import {
+  barFraction,
+  formatBytes,
+  formatDuration,
+  formatPercent,
+} from "./format.js";
+
+const STYLE_ID = "nbmon-meter-style";
+
+// JupyterLab theme variables with fallbacks, so it also looks right in
+// classic Notebook, VS Code and static HTML exports.
+const CSS = `
+.nbmon-meter {
+  --nbmon-fg: var(--jp-ui-font-color1, #333);
+  --nbmon-muted: var(--jp-ui-font-color2, #777);
+  --nbmon-track: var(--jp-layout-color3, #ddd);
+  --nbmon-fill: var(--jp-brand-color1, #1976d2);
+  --nbmon-accent: var(--jp-brand-color1, #1976d2);
+  display: flex;
+  align-items: center;
+  gap: 0.9em;
+  min-width: 0;
+  overflow: hidden;
+  white-space: nowrap;
+  padding: 2px 6px;
+  border-left: 3px solid var(--nbmon-accent);
+  color: var(--nbmon-fg);
+  font-family: var(--jp-ui-font-family, system-ui, sans-serif);
+  font-size: var(--jp-ui-font-size1, 12px);
+  line-height: 1.6;
+  font-variant-numeric: tabular-nums;
+}
+.nbmon-meter [hidden] { display: none !important; }
+.nbmon-meter__label {
+  font-weight: 600;
+  overflow: hidden;
+  text-overflow: ellipsis;
+  max-width: 24em;
+}
+.nbmon-meter__metric { display: inline-flex; align-items: center; gap: 0.35em; }
+.nbmon-meter__key { color: var(--nbmon-muted); }
+.nbmon-meter__bar {
+  position: relative;
+  display: inline-block;
+  width: 48px;
+  height: 6px;
+  border-radius: 3px;
+  overflow: hidden;
+  background: var(--nbmon-track);
+}
+.nbmon-meter__fill {
+  position: absolute;
+  inset: 0 auto 0 0;
+  width: 0;
+  background: var(--nbmon-fill);
+  transition: width 0.2s linear;
+}
+.nbmon-meter__elapsed,
+.nbmon-meter__value { min-width: 4.5em; }
+.nbmon-meter__status { color: var(--nbmon-muted); margin-left: auto; }
+.nbmon-meter--done {
+  --nbmon-fg: var(--jp-ui-font-color2, #777);
+  --nbmon-fill: var(--jp-ui-font-color3, #aaa);
+  --nbmon-accent: var(--jp-border-color1, #bbb);
+}
+.nbmon-meter--failed {
+  --nbmon-fill: var(--jp-error-color1, #d32f2f);
+  --nbmon-accent: var(--jp-error-color1, #d32f2f);
+}
+.nbmon-meter--failed .nbmon-meter__status {
+  color: var(--jp-error-color1, #d32f2f);
+  font-weight: 600;
+}
+`;
+
+const TRAITS = [
+  "label",
+  "status",
+  "running",
+  "elapsed_s",
+  "cpu_percent",
+  "rss_mb",
+  "ram_total_mb",
+  "gpu_util_percent",
+  "gpu_mem_mb",
+  "gpu_count",
+];
+
+const STATUS_CLASSES = {
+  running: ["nbmon-meter--running"],
+  done: ["nbmon-meter--done"],
+  failed: ["nbmon-meter--failed"],
+  interrupted: ["nbmon-meter--interrupted", "nbmon-meter--failed"],
+};
+const ALL_STATUS_CLASSES = [...new Set(Object.values(STATUS_CLASSES).flat())];
+
+const TICK_MS = 1000;
+
+// One <style> per document or shadow root: meters in a shadow DOM (marimo, some
+// dashboards) can't see document.head. Content is replaced when it differs so a
+// reloaded widget module doesn't keep the old rules.
+function injectStyle(el) {
+  const doc = el.ownerDocument || globalThis.document;
+  const root = typeof el.getRootNode === "function" ? el.getRootNode() : null;
+  const isShadow = root && root.nodeType === 11; // DOCUMENT_FRAGMENT_NODE
+  const parent = isShadow ? root : doc.head;
+  let style = isShadow
+    ? root.querySelector(`#${STYLE_ID}`)
+    : doc.getElementById(STYLE_ID);
+  if (!style) {
+    style = doc.createElement("style");
+    style.id = STYLE_ID;
+    parent.appendChild(style);
+  }
+  if (style.textContent !== CSS) style.textContent = CSS;
+}
+
+function isNumber(x) {
+  return typeof x === "number" && Number.isFinite(x);
+}
+
+function rawValue(x) {
+  return isNumber(x) ? String(x) : "";
+}
+
+function setText(node, text) {
+  if (node.textContent !== text) node.textContent = text;
+}
+
+function setAttr(node, name, value) {
+  if (node.getAttribute(name) !== value) node.setAttribute(name, value);
+}
+
+function setHidden(node, hidden) {
+  if (node.hidden !== hidden) node.hidden = hidden;
+}
+
+function make(doc, tag, className, attrs = {}, children = []) {
+  const node = doc.createElement(tag);
+  if (className) node.className = className;
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  for (const child of children) node.appendChild(child);
+  return node;
+}
+
+function makeBar(doc, name) {
+  const fill = make(doc, "span", "nbmon-meter__fill", {
+    "data-nbmon-bar": name,
+    "data-fraction": "0",
+  });
+  const track = make(doc, "span", "nbmon-meter__bar", { "aria-hidden": "true" }, [fill]);
+  return { track, fill };
+}
+
+function setBar(bar, fraction) {
+  const f = String(fraction);
+  if (bar.fill.getAttribute("data-fraction") !== f) {
+    bar.fill.setAttribute("data-fraction", f);
+    bar.fill.style.width = `${fraction * 100}%`;
+  }
+}
+
+function setValue(node, text, raw) {
+  setText(node, text);
+  setAttr(node, "data-value", rawValue(raw));
+}
+
+function render({ model, el }) {
+  const doc = el.ownerDocument || globalThis.document;
+  injectStyle(el);
+
+  const value = (name) =>
+    make(doc, "span", "nbmon-meter__value", { "data-nbmon": name, "data-value": "" });
+  const key = (text) => {
+    const node = make(doc, "span", "nbmon-meter__key");
+    node.textContent = text;
+    return node;
+  };
+
+  const labelEl = make(doc, "span", "nbmon-meter__label", { "data-nbmon": "label" });
+  const elapsedEl = make(doc, "span", "nbmon-meter__elapsed", {
+    "data-nbmon": "elapsed",
+    "data-value": "",
+  });
+
+  const cpuBar = makeBar(doc, "cpu");
+  const cpuEl = value("cpu");
+  const cpuGroup = make(doc, "span", "nbmon-meter__metric", { "data-nbmon-metric": "cpu" }, [
+    key("CPU"),
+    cpuBar.track,
+    cpuEl,
+  ]);
+
+  const ramBar = makeBar(doc, "ram");
+  const ramEl = value("ram");
+  const ramGroup = make(doc, "span", "nbmon-meter__metric", { "data-nbmon-metric": "ram" }, [
+    key("RAM"),
+    ramBar.track,
+    ramEl,
+  ]);
+
+  const gpuKey = key("GPU");
+  const gpuBar = makeBar(doc, "gpu");
+  const gpuEl = value("gpu");
+  const gpuMemEl = value("gpu-mem");
+  const gpuGroup = make(doc, "span", "nbmon-meter__metric", { "data-nbmon-metric": "gpu" }, [
+    gpuKey,
+    gpuBar.track,
+    gpuEl,
+    gpuMemEl,
+  ]);
+
+  const statusEl = make(doc, "span", "nbmon-meter__status", { "data-nbmon": "status" });
+
+  const root = make(doc, "div", "nbmon-meter", {}, [
+    labelEl,
+    elapsedEl,
+    cpuGroup,
+    ramGroup,
+    gpuGroup,
+    statusEl,
+  ]);
+  el.appendChild(root);
+
+  // elapsed_s arrives a few times a second at most; while running, the display
+  // advances on the local clock from the moment the last value arrived.
+  const now = () => globalThis.performance.now();
+  let receivedAt = now();
+  let timer = null;
+
+  function renderElapsed() {
+    let elapsed = model.get("elapsed_s");
+    if (model.get("running") && isNumber(elapsed)) {
+      elapsed += Math.max(0, now() - receivedAt) / 1000;
+    }
+    setText(elapsedEl, formatDuration(elapsed));
+    setAttr(elapsedEl, "data-value", rawValue(elapsed));
+  }
+
+  function syncTimer() {
+    const running = Boolean(model.get("running"));
+    if (running && timer === null) {
+      timer = setInterval(renderElapsed, TICK_MS);
+    } else if (!running && timer !== null) {
+      clearInterval(timer);
+      timer = null;
+    }
+  }
+
+  function renderAll() {
+    const label = model.get("label") || "";
+    setText(labelEl, label);
+    setHidden(labelEl, label === "");
+
+    const status = model.get("status") || "";
+    const running = Boolean(model.get("running"));
+    setAttr(root, "data-status", status);
+    setAttr(root, "data-running", String(running));
+    const wanted = STATUS_CLASSES[status] || [];
+    for (const cls of ALL_STATUS_CLASSES) {
+      root.classList.toggle(cls, wanted.includes(cls));
+    }
+    setText(statusEl, status);
+
+    renderElapsed();
+
+    const cpu = model.get("cpu_percent");
+    setValue(cpuEl, formatPercent(cpu), cpu);
+    // Bar is 0..100 % of one core; multi-core use shows a full bar and the number.
+    setBar(cpuBar, barFraction(cpu, 100));
+
+    const rss = model.get("rss_mb");
+    const total = model.get("ram_total_mb");
+    const hasTotal = isNumber(total) && total > 0;
+    setValue(ramEl, formatBytes(rss), rss);
+    setHidden(ramBar.track, !hasTotal);
+    setBar(ramBar, hasTotal ? barFraction(rss, total) : 0);
+    setAttr(ramEl, "title", hasTotal ? `of ${formatBytes(total)}` : "");
+
+    const gpuCount = model.get("gpu_count");
+    const hasGpu = isNumber(gpuCount) && gpuCount > 0;
+    setHidden(gpuGroup, !hasGpu);
+    setText(gpuKey, hasGpu && gpuCount > 1 ? `GPU\u00d7${gpuCount}` : "GPU");
+    const util = model.get("gpu_util_percent");
+    const gpuMem = model.get("gpu_mem_mb");
+    setValue(gpuEl, formatPercent(util), util);
+    setBar(gpuBar, barFraction(util, 100));
+    setValue(gpuMemEl, formatBytes(gpuMem), gpuMem);
+
+    const parts = [label, formatDuration(model.get("elapsed_s"))];
+    parts.push(`CPU ${formatPercent(cpu)}`);
+    parts.push(`RAM ${formatBytes(rss)}${hasTotal ? ` of ${formatBytes(total)}` : ""}`);
+    if (hasGpu) parts.push(`GPU ${formatPercent(util)}, ${formatBytes(gpuMem)}`);
+    parts.push(status);
+    setAttr(root, "title", parts.filter(Boolean).join(" \u00b7 "));
+
+    syncTimer();
+  }
+
+  // Registered per trait with a named function so cleanup can remove exactly
+  // these handlers (a model outlives its views).
+  const handlers = TRAITS.map((name) => {
+    const handler =
+      name === "elapsed_s" || name === "running"
+        ? () => {
+            receivedAt = now();
+            renderAll();
+          }
+        : renderAll;
+    model.on(`change:${name}`, handler);
+    return [name, handler];
+  });
+
+  renderAll();
+
+  return () => {
+    for (const [name, handler] of handlers) model.off(`change:${name}`, handler);
+    if (timer !== null) clearInterval(timer);
+    timer = null;
+    root.remove();
+  };
+}
+
+export default { render };

@@ -1,0 +1,338 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync, spawnSync } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+
+import { DEFAULT_OUT, buildMeter } from "../build.mjs";
+
+const JS_DIR = join(dirname(fileURLToPath(import.meta.url)), "..");
+const BUILD = join(JS_DIR, "build.mjs");
+const BUILT = join(JS_DIR, "..", "nbmon", "static", "meter.js");
+
+function runBuild(args) {
+  return spawnSync(process.execPath, [BUILD, ...args], { encoding: "utf8" });
+}
+
+test("build writes to nbmon/static/meter.js", () => {
+  assert.equal(DEFAULT_OUT, BUILT);
+});
+
+test("the committed build is up to date (node js/build.mjs --check)", () => {
+  const r = runBuild(["--check"]);
+  assert.equal(r.status, 0, `${r.stdout}${r.stderr}\nrun \`node js/build.mjs\` and commit the result`);
+});
+
+test("--check exits 1 for a stale or missing file and build fixes it", () => {
+  const dir = mkdtempSync(join(tmpdir(), "nbmon-build-"));
+  try {
+    const out = join(dir, "meter.js");
+    let r = runBuild(["--check", "--out", out]);
+    assert.equal(r.status, 1, "missing file must count as stale");
+    writeFileSync(out, buildMeter() + "// edited by hand\n");
+    r = runBuild(["--check", "--out", out]);
+    assert.equal(r.status, 1, "edited file must count as stale");
+    assert.match(r.stderr, /out of date/);
+    execFileSync(process.execPath, [BUILD, "--out", out]);
+    r = runBuild(["--check", "--out", out]);
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(readFileSync(out, "utf8"), buildMeter());
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("unknown arguments are rejected", () => {
+  assert.notEqual(runBuild(["--chek"]).status, 0);
+});
+
+test("built file is one self-contained ES module", () => {
+  const src = readFileSync(BUILT, "utf8");
+  assert.match(src, /^export default\b/m);
+  assert.doesNotMatch(src, /^\s*import\b/m, "static import left in the built file");
+  assert.doesNotMatch(src, /\bimport\s*\(/, "dynamic import in the built file");
+  assert.doesNotMatch(src, /^\s*export\s+(?!default\b)/m, "only the default export may remain");
+  assert.doesNotMatch(src, /https?:\/\//, "no network loads");
+  assert.equal((src.match(/^export default\b/gm) || []).length, 1);
+});
+
+// ---- smoke test of the built module against a minimal DOM ----
+
+class FakeClassList {
+  constructor(node) {
+    this.node = node;
+  }
+  get set() {
+    return new Set(this.node.className.split(/\s+/).filter(Boolean));
+  }
+  contains(c) {
+    return this.set.has(c);
+  }
+  toggle(c, force) {
+    const s = this.set;
+    const on = force === undefined ? !s.has(c) : Boolean(force);
+    if (on) s.add(c);
+    else s.delete(c);
+    this.node.className = [...s].join(" ");
+    return on;
+  }
+}
+
+class FakeNode {
+  constructor(doc, tag) {
+    this.ownerDocument = doc;
+    this.tagName = tag.toUpperCase();
+    this.nodeType = 1;
+    this.children = [];
+    this.parentNode = null;
+    this.attributes = new Map();
+    this.className = "";
+    this.classList = new FakeClassList(this);
+    this.style = {};
+    this.hidden = false;
+    this._text = "";
+  }
+  get id() {
+    return this.getAttribute("id") ?? "";
+  }
+  set id(v) {
+    this.setAttribute("id", v);
+  }
+  get textContent() {
+    return this.children.length ? this.children.map((c) => c.textContent).join("") : this._text;
+  }
+  set textContent(v) {
+    this.children = [];
+    this._text = String(v);
+  }
+  setAttribute(k, v) {
+    this.attributes.set(k, String(v));
+  }
+  getAttribute(k) {
+    return this.attributes.has(k) ? this.attributes.get(k) : null;
+  }
+  appendChild(child) {
+    child.parentNode = this;
+    this.children.push(child);
+    return child;
+  }
+  remove() {
+    if (!this.parentNode) return;
+    const siblings = this.parentNode.children;
+    siblings.splice(siblings.indexOf(this), 1);
+    this.parentNode = null;
+  }
+  getRootNode() {
+    let n = this;
+    while (n.parentNode) n = n.parentNode;
+    return n;
+  }
+  *walk() {
+    for (const c of this.children) {
+      yield c;
+      yield* c.walk();
+    }
+  }
+  find(attr, value) {
+    for (const n of this.walk()) if (n.getAttribute(attr) === value) return n;
+    return null;
+  }
+  byClass(cls) {
+    for (const n of this.walk()) if (n.classList.contains(cls)) return n;
+    return null;
+  }
+}
+
+class FakeDocument {
+  constructor() {
+    this.head = new FakeNode(this, "head");
+    this.body = new FakeNode(this, "body");
+  }
+  createElement(tag) {
+    return new FakeNode(this, tag);
+  }
+  getElementById(id) {
+    for (const root of [this.head, this.body]) {
+      const n = root.find("id", id);
+      if (n) return n;
+    }
+    return null;
+  }
+}
+
+class FakeModel {
+  constructor(values) {
+    this.values = { ...values };
+    this.handlers = new Map();
+  }
+  get(k) {
+    return this.values[k];
+  }
+  set(k, v) {
+    if (this.values[k] === v) return;
+    this.values[k] = v;
+    for (const h of this.handlers.get(`change:${k}`) ?? []) h();
+  }
+  on(name, h) {
+    if (!this.handlers.has(name)) this.handlers.set(name, []);
+    this.handlers.get(name).push(h);
+  }
+  off(name, h) {
+    const list = this.handlers.get(name) ?? [];
+    const i = list.indexOf(h);
+    if (i >= 0) list.splice(i, 1);
+  }
+  count() {
+    let n = 0;
+    for (const list of this.handlers.values()) n += list.length;
+    return n;
+  }
+}
+
+const DEFAULTS = {
+  label: "cell 3",
+  status: "running",
+  running: true,
+  elapsed_s: 12.3,
+  cpu_percent: 3.14159,
+  rss_mb: 1536,
+  ram_total_mb: 6144,
+  gpu_util_percent: null,
+  gpu_mem_mb: null,
+  gpu_count: 0,
+};
+
+async function mount(values = {}) {
+  const mod = await import(pathToFileURL(BUILT).href);
+  const doc = new FakeDocument();
+  const el = doc.createElement("div");
+  doc.body.appendChild(el);
+  const model = new FakeModel({ ...DEFAULTS, ...values });
+  const timers = { live: new Set() };
+  const realSet = globalThis.setInterval;
+  const realClear = globalThis.clearInterval;
+  globalThis.setInterval = (fn, ms) => {
+    const id = realSet(fn, ms);
+    timers.live.add(id);
+    return id;
+  };
+  globalThis.clearInterval = (id) => {
+    timers.live.delete(id);
+    realClear(id);
+  };
+  let cleanup;
+  try {
+    cleanup = mod.default.render({ model, el });
+  } catch (err) {
+    globalThis.setInterval = realSet;
+    globalThis.clearInterval = realClear;
+    throw err;
+  }
+  const restore = () => {
+    for (const id of timers.live) realClear(id);
+    globalThis.setInterval = realSet;
+    globalThis.clearInterval = realClear;
+  };
+  const q = (name) => el.find("data-nbmon", name);
+  return { doc, el, model, timers, cleanup, restore, q, root: el.byClass("nbmon-meter") };
+}
+
+test("built meter renders values and the documented hooks", async () => {
+  const m = await mount();
+  try {
+    assert.equal(typeof m.cleanup, "function");
+    assert.equal(m.root.getAttribute("data-status"), "running");
+    assert.equal(m.root.getAttribute("data-running"), "true");
+    assert.ok(m.root.classList.contains("nbmon-meter--running"));
+    assert.equal(m.q("label").textContent, "cell 3");
+    assert.equal(m.q("elapsed").textContent, "12.3 s");
+    assert.equal(m.q("cpu").textContent, "3.1 %");
+    assert.equal(m.q("cpu").getAttribute("data-value"), "3.14159");
+    assert.equal(m.q("ram").textContent, "1.5 GiB");
+    assert.equal(m.el.find("data-nbmon-bar", "ram").getAttribute("data-fraction"), "0.25");
+    assert.equal(m.el.find("data-nbmon-bar", "ram").style.width, "25%");
+    assert.equal(m.q("status").textContent, "running");
+    assert.equal(m.el.find("data-nbmon-metric", "gpu").hidden, true);
+    assert.equal(m.q("gpu").textContent, "\u2013");
+    assert.equal(m.q("gpu").getAttribute("data-value"), "");
+    assert.ok(m.doc.getElementById("nbmon-meter-style"), "style injected into <head>");
+  } finally {
+    m.cleanup();
+    m.restore();
+  }
+});
+
+test("built meter follows model changes and status classes", async () => {
+  const m = await mount();
+  try {
+    m.model.set("gpu_count", 2);
+    m.model.set("gpu_util_percent", 87.25);
+    m.model.set("gpu_mem_mb", 40960);
+    assert.equal(m.el.find("data-nbmon-metric", "gpu").hidden, false);
+    assert.equal(m.q("gpu").textContent, "87.3 %");
+    assert.equal(m.q("gpu-mem").textContent, "40.0 GiB");
+
+    m.model.set("ram_total_mb", 0);
+    assert.equal(m.el.find("data-nbmon-bar", "ram").parentNode.hidden, true);
+    m.model.set("rss_mb", null);
+    assert.equal(m.q("ram").textContent, "\u2013");
+
+    m.model.set("status", "interrupted");
+    assert.equal(m.root.getAttribute("data-status"), "interrupted");
+    assert.ok(m.root.classList.contains("nbmon-meter--failed"));
+    assert.ok(m.root.classList.contains("nbmon-meter--interrupted"));
+    assert.ok(!m.root.classList.contains("nbmon-meter--running"));
+
+    m.model.set("status", "failed");
+    assert.ok(m.root.classList.contains("nbmon-meter--failed"));
+    assert.ok(!m.root.classList.contains("nbmon-meter--interrupted"));
+
+    m.model.set("status", "done");
+    m.model.set("running", false);
+    m.model.set("elapsed_s", 75);
+    assert.ok(m.root.classList.contains("nbmon-meter--done"));
+    assert.ok(!m.root.classList.contains("nbmon-meter--failed"));
+    assert.equal(m.q("elapsed").textContent, "1:15");
+  } finally {
+    m.cleanup();
+    m.restore();
+  }
+});
+
+test("the ticker runs only while running, and cleanup leaves nothing behind", async () => {
+  const m = await mount({ running: false });
+  try {
+    assert.equal(m.timers.live.size, 0);
+    m.model.set("running", true);
+    assert.equal(m.timers.live.size, 1);
+    m.model.set("cpu_percent", 50);
+    assert.equal(m.timers.live.size, 1, "one ticker, not one per update");
+    m.model.set("running", false);
+    assert.equal(m.timers.live.size, 0);
+    m.model.set("running", true);
+    assert.ok(m.model.count() > 0);
+
+    m.cleanup();
+    assert.equal(m.timers.live.size, 0, "cleanup clears the ticker");
+    assert.equal(m.model.count(), 0, "cleanup removes every handler");
+    assert.equal(m.el.children.length, 0, "cleanup removes the meter");
+  } finally {
+    m.restore();
+  }
+});
+
+test("the ticker advances elapsed time locally while running", async () => {
+  const m = await mount({ elapsed_s: 100, running: true });
+  try {
+    assert.equal(m.q("elapsed").textContent, "1:40");
+    await new Promise((r) => setTimeout(r, 1100));
+    // Timer-driven, so only bound it from below; a busy machine may tick late.
+    assert.ok(Number(m.q("elapsed").getAttribute("data-value")) >= 100.9);
+    assert.match(m.q("elapsed").textContent, /^1:4[1-9]$/);
+  } finally {
+    m.cleanup();
+    m.restore();
+  }
+});

@@ -1,0 +1,151 @@
+"""``nbmon run -- CMD`` and ``nbmon demo``.
+
+``run`` starts the command, monitors its whole process tree, prints the
+summary to stderr when it ends and exits with the command's exit code
+(128 + N when a signal N killed it, 127 when it cannot be found, like a
+shell). Bad arguments and unwritable outputs are reported in one line with
+exit code 2 before the command starts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+from .monitor import Monitor, check_interval
+from .senders import CSVSender, ForwardSamples, JSONLinesSender
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse prints the usage too)
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="nbmon", description="CPU, memory and GPU of a command's whole process tree.")
+    sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="run CMD under the monitor", usage="nbmon run [options] -- CMD [ARGS...]")
+    run.add_argument("--interval", default="0.1", metavar="S", help="seconds between samples (default 0.1)")
+    run.add_argument("--csv", metavar="PATH", help="stream every sample to this CSV file as it is taken")
+    run.add_argument("--jsonl", metavar="PATH", help="stream every sample to this JSON Lines file")
+    run.add_argument("--summary-json", metavar="PATH", help="write ResourceSummary.to_dict() here")
+    run.add_argument("--html", metavar="PATH", help="write a self-contained, offline HTML timeline here")
+    run.add_argument("--force", action="store_true", help="replace output files that already exist")
+    run.add_argument("--no-gpu", action="store_true", help="do not read NVIDIA GPUs")
+    run.add_argument("--no-children", action="store_true", help="only the command's own process")
+    run.add_argument("--quiet", action="store_true", help="do not print the summary")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
+    demo = sub.add_parser("demo", help="run a short built-in workload under the monitor")
+    demo.add_argument("--interval", default="0.1", metavar="S")
+    demo.add_argument("--html", metavar="PATH")
+    demo.add_argument("--force", action="store_true")
+    return p
+
+
+def _check_output(path: str | None, force: bool) -> None:
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise UsageError(f"output path {path!r} is a directory")
+    if os.path.exists(path):
+        if not force:
+            raise UsageError(f"output file {path!r} already exists (add --force to replace it)")
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"output file {path!r} is not writable")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"cannot write {path!r}: directory {parent!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"cannot write {path!r}: directory {parent!r} is not writable")
+
+
+def _open_sender(cls, path: str | None, force: bool):
+    if path is None:
+        return None
+    try:
+        return cls(path, overwrite=force)
+    except OSError as err:
+        raise UsageError(f"cannot write {path!r}: {err.strerror or err}") from None
+
+
+def run(argv: list[str], *, interval, csv=None, jsonl=None, summary_json=None, html=None,
+        force=False, gpu=True, children=True, quiet=False) -> int:
+    for path in (csv, jsonl, summary_json, html):
+        _check_output(path, force)
+    if not argv:
+        raise UsageError("missing command: nbmon run [options] -- CMD [ARGS...]")
+    if shutil.which(argv[0]) is None:
+        print(f"nbmon: command not found: {argv[0]}", file=sys.stderr)
+        return 127
+    senders = [s for s in (_open_sender(CSVSender, csv, force),
+                           _open_sender(JSONLinesSender, jsonl, force)) if s is not None]
+    consumers = [ForwardSamples(s, every_s=min(1.0, max(interval, 0.2))) for s in senders]
+    try:
+        child = subprocess.Popen(argv)
+    except OSError as err:  # found on PATH but not executable, say
+        for s in senders:
+            s.close()
+        print(f"nbmon: cannot run {argv[0]}: {err.strerror}", file=sys.stderr)
+        return 126
+    monitor = Monitor(child.pid, interval, gpu=gpu, children=children, consumers=consumers)
+    # Like a shell waiting for its job: Ctrl-C goes to the command (same
+    # process group), nbmon stays to report; SIGTERM is passed on.
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old_term = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    try:
+        monitor.start()
+        code = child.wait()
+    finally:
+        monitor.stop(timeout=max(1.0, interval + 0.1))
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+    summary = monitor.summary()
+    if summary_json:
+        with open(summary_json, "w", encoding="utf-8") as f:
+            json.dump(summary.to_dict(), f, indent=2)
+            f.write("\n")
+    if html:
+        from .live import write_html
+
+        write_html(monitor, html, title=" ".join(argv))
+    if not quiet:
+        print(f"\nnbmon: {' '.join(argv)} exited with {code}\n{summary}", file=sys.stderr)
+        for fault in monitor.faults.values():
+            print(f"nbmon: {fault.source} failed {fault.count} time(s): {fault.first_error}", file=sys.stderr)
+    return 128 - code if code < 0 else code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        ns = _parser().parse_args(args)
+        interval = _interval(ns.interval)
+        if ns.verb == "demo":
+            return run([sys.executable, "-m", "nbmon.demo"], interval=interval, html=ns.html, force=ns.force)
+        command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+        return run(command, interval=interval, csv=ns.csv, jsonl=ns.jsonl, summary_json=ns.summary_json,
+                   html=ns.html, force=ns.force, gpu=not ns.no_gpu, children=not ns.no_children,
+                   quiet=ns.quiet)
+    except UsageError as err:
+        print(f"nbmon: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _interval(text: str) -> float:
+    try:
+        return check_interval(text, "--interval")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

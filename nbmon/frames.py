@@ -1,0 +1,165 @@
+"""Frames for the live chart: the last seconds of a few store columns,
+reduced to a fixed number of points per trace, as float32 numpy arrays.
+
+Pure numpy (no plotly): the live dashboard assigns these arrays to plotly
+traces, and plotly's widget serializer ships 1-D float32 numpy arrays as
+binary comm buffers (4 bytes a value) rather than JSON lists (~10 bytes a
+value). Reduction is min/max decimation: every bucket keeps its lowest and
+highest sample, in time order, so a one-sample spike still shows whatever
+the zoom. Everything is vectorised: no Python loop runs per sample.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+DEFAULT_BUDGET = 2000                 # points per trace
+MAX_FRAME_BYTES = 64 * 1024           # array payload of one frame, all traces
+_EMPTY = np.empty(0, dtype=np.float32)
+_EMPTY.flags.writeable = False
+
+
+def _check_budget(budget) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 2:
+        raise ValueError(f"budget must be a whole number of points >= 2, got {budget!r}")
+    return int(budget)
+
+
+def _nan_aware(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """argmin, argmax per row of a 2-D block ignoring NaN; an all-NaN row gives 0, 0."""
+    nan = np.isnan(block)
+    lo = np.where(nan, np.inf, block).argmin(axis=1)
+    hi = np.where(nan, -np.inf, block).argmax(axis=1)
+    return lo, hi
+
+
+def minmax_indices(values: np.ndarray, budget: int) -> np.ndarray | None:
+    """Indices (sorted, at most ``budget``) of each bucket's min and max, or
+    None when ``values`` already has at most ``budget`` points.
+
+    The series is cut into ``budget // 2`` buckets or fewer, of equal length
+    (the last may be shorter); each bucket contributes two indices, its
+    minimum's and its maximum's, earliest first (the same index twice for a
+    flat bucket or a single sample). NaN is ignored unless the whole bucket is
+    NaN, and then the bucket's first index stands for it (its value is NaN).
+    """
+    budget = _check_budget(budget)
+    values = np.asarray(values)
+    n = values.shape[0]
+    if n <= budget:
+        return None
+    buckets = budget // 2
+    size = -(-n // buckets)              # ceil: at most `buckets` buckets
+    full = n // size
+    body = values[:full * size].reshape(full, size)
+    lo = body.argmin(axis=1)
+    hi = body.argmax(axis=1)
+    # argmin/argmax stop at the first NaN: redo only the rows that have one.
+    rows = np.arange(full)
+    bad = np.isnan(body[rows, hi])
+    if bad.any():
+        lo[bad], hi[bad] = _nan_aware(body[bad])
+    starts = rows * size
+    first = np.minimum(lo, hi) + starts
+    second = np.maximum(lo, hi) + starts
+    tail = n - full * size
+    if tail:
+        tlo, thi = _nan_aware(values[full * size:].reshape(1, tail))
+        base = full * size
+        first = np.append(first, base + min(tlo[0], thi[0]))
+        second = np.append(second, base + max(tlo[0], thi[0]))
+    out = np.empty(2 * first.shape[0], dtype=np.intp)
+    out[0::2] = first
+    out[1::2] = second
+    return out
+
+
+def decimate_minmax(t, values, budget: int):
+    """Reduce a series to at most ``budget`` points, keeping every bucket's
+    min and max in time order (see :func:`minmax_indices`).
+
+    ``t`` and ``values`` are 1-D and of equal length; with ``budget`` points
+    or fewer they are returned unchanged (the same objects). Dtypes are kept.
+    """
+    t = np.asarray(t)
+    values = np.asarray(values)
+    if t.shape != values.shape or t.ndim != 1:
+        raise ValueError(f"t and values must be 1-D of equal length, got shapes {t.shape} and {values.shape}")
+    idx = minmax_indices(values, budget)
+    if idx is None:
+        return t, values
+    return t[idx], values[idx]
+
+
+def bucket_max(t, series: Mapping[str, np.ndarray], points: int):
+    """Shared-time reduction for static charts: ``(t_out, {name: max})`` with
+    at most ``points`` buckets, each at its first sample's time and holding
+    the bucket's NaN-ignoring maximum (NaN when all NaN). Unchanged (copies
+    as float64) when there are at most ``points`` samples."""
+    t = np.asarray(t, dtype=np.float64)
+    n = t.shape[0]
+    if n <= points:
+        return t, {k: np.asarray(v, dtype=np.float64) for k, v in series.items()}
+    edges = np.arange(0, n, -(-n // points))
+    out = {}
+    with np.errstate(all="ignore"):
+        for k, v in series.items():
+            out[k] = np.fmax.reduceat(np.asarray(v, dtype=np.float64), edges)
+    return t[edges], out
+
+
+def build_frame(store, columns: Sequence[str], window_s: float,
+                budget_per_trace: int = DEFAULT_BUDGET, *,
+                max_bytes: int = MAX_FRAME_BYTES) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The last ``window_s`` seconds of ``columns`` as ``{column: (x, y)}``.
+
+    ``x`` is float32 seconds relative to the newest sample (<= 0, 0 = now)
+    and ``y`` the float32 values; each trace has its own ``x`` because min/max
+    decimation keeps different samples for different columns (traces that
+    were not decimated share one ``x`` array). Columns the store lacks are
+    left out; with no samples yet every present column maps to two empty
+    arrays. Each trace gets at most ``budget_per_trace`` points and fewer
+    when needed to keep the frame's total payload within ``max_bytes``
+    (8 bytes a point: x and y).
+    """
+    if not (isinstance(window_s, (int, float)) and window_s > 0):
+        raise ValueError(f"window_s must be a positive number of seconds, got {window_s!r}")
+    budget_per_trace = _check_budget(budget_per_trace)
+    have = set(store.columns)
+    present = [c for c in dict.fromkeys(columns) if c in have]
+    if not present:
+        return {}
+    budget = min(budget_per_trace, max_bytes // (8 * len(present))) // 2 * 2
+    if budget < 2:
+        raise ValueError(f"max_bytes={max_bytes!r} is too small for {len(present)} traces")
+    latest = store.latest()
+    if not latest:
+        return {c: (_EMPTY, _EMPTY) for c in present}
+    t_from = latest["t"] - window_s if math.isfinite(window_s) else -math.inf
+    t, _wall, values = store.series(present, t_from=t_from)
+    if t.shape[0] == 0:
+        return {c: (_EMPTY, _EMPTY) for c in present}
+    t_now = t[-1]
+    # A sample may have landed between latest() and series(): re-cut the window.
+    start = int(np.searchsorted(t, t_now - window_s)) if math.isfinite(window_s) else 0
+    t = t[start:]
+    frame = {}
+    shared_x = None
+    for c in present:
+        v = values[c][start:]
+        idx = minmax_indices(v, budget)
+        if idx is None:
+            if shared_x is None:
+                shared_x = (t - t_now).astype(np.float32)
+            frame[c] = (shared_x, v.astype(np.float32))
+        else:
+            frame[c] = ((t[idx] - t_now).astype(np.float32), v[idx].astype(np.float32))
+    return frame
+
+
+def frame_bytes(frame: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> int:
+    """Array payload of a frame in bytes, as sent: every trace's x and y
+    (an x shared by several traces is sent once per trace)."""
+    return int(sum(x.nbytes + y.nbytes for x, y in frame.values()))

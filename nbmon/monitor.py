@@ -1,0 +1,287 @@
+"""The engine: sources -> sampler -> store, plus consumers on their own thread.
+
+:class:`Monitor` is what the notebook layer, the CLI and both seed APIs
+drive. Consumers (file senders, the seed's StatsDict publisher) run on one
+``nbmon-sender`` thread at their own cadence, reading the store, so a slow
+or stuck sender never delays a sample or the shutdown.
+"""
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import threading
+import time
+import weakref
+from typing import Callable, Sequence
+
+from . import nvml
+from .proctree import ProcessTree
+from .sampler import Fault, Sampler, source_name
+from .senders import Consumer
+from .store import DEFAULT_MAX_BYTES, Store, Window
+from .summary import ResourceSummary, summarize
+from .system import System
+
+_running: "weakref.WeakSet[Monitor]" = weakref.WeakSet()
+
+
+def check_interval(value, name: str = "interval") -> float:
+    """A finite positive number of seconds, or ValueError naming the bad value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    if value > 86400:
+        raise ValueError(f"{name} must be at most a day (86400 s), got {value!r}")
+    return float(value)
+
+
+def check_pid(pid) -> int:
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise ValueError(f"pid must be a whole number, got {pid!r}")
+    if pid <= 0:
+        raise ValueError(f"pid must be a positive process id, got {pid!r}")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        raise ValueError(f"no process with pid {pid} exists") from None
+    except PermissionError:  # exists, owned by another user: /proc still reads it
+        pass
+    return pid
+
+
+class _SenderThread:
+    def __init__(self, monitor: "Monitor", consumers: Sequence[Consumer]):
+        self.monitor = monitor
+        self.consumers = list(consumers)
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(self.stop_event,),
+                                       name="nbmon-sender", daemon=True)
+
+    def _run(self, stop) -> None:
+        due = {id(c): time.monotonic() + c.every_s for c in self.consumers}
+        try:
+            while True:
+                wait = min(due.values()) - time.monotonic()
+                if stop.wait(max(0.0, wait)):
+                    break
+                now = time.monotonic()
+                for c in self.consumers:
+                    if now >= due[id(c)]:
+                        self._tick(c, False)
+                        due[id(c)] = max(due[id(c)] + c.every_s, now)
+            for c in self.consumers:
+                self._tick(c, True)
+        finally:
+            for c in self.consumers:
+                try:
+                    c.close()
+                except Exception as err:
+                    self.monitor._consumer_fault(c, err)
+
+    def _tick(self, consumer: Consumer, final: bool) -> None:
+        try:
+            consumer.tick(self.monitor.store, final)
+        except Exception as err:  # a broken sender must not stop the others
+            self.monitor._consumer_fault(consumer, err)
+
+
+class Monitor:
+    """Samples a process tree, the machine and NVIDIA GPUs every ``interval`` seconds.
+
+    ``pid`` defaults to this process. ``extra_sources`` are objects with
+    ``fields``, ``start(now)``, ``sample(now)`` and ``close()``. Restartable:
+    each ``start()`` begins a new run with a new store; the last run's store
+    and summary stay readable after ``stop()``.
+    """
+
+    def __init__(self, pid: int | None = None, interval: float = 0.1, *,
+                 children: bool = True, system: bool = True, gpu: bool = True,
+                 extra_sources: Sequence = (), consumers: Sequence[Consumer] = (),
+                 max_bytes: int = DEFAULT_MAX_BYTES, exact_peak: bool = True,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time,
+                 event: Callable[[], object] = threading.Event):
+        self.pid = os.getpid() if pid is None else check_pid(pid)
+        self.interval = check_interval(interval)
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"max_bytes must be a positive whole number of bytes, got {max_bytes!r}")
+        self.children, self.system, self.gpu = children, system, gpu
+        self.extra_sources = list(extra_sources)
+        self.consumers = list(consumers)
+        self.max_bytes = max_bytes
+        self.exact_peak = exact_peak
+        self.clock, self.wall, self.event = clock, wall, event
+        self.store: Store | None = None
+        self.tree: ProcessTree | None = None
+        self.gpus: nvml.GPUs | None = None
+        self._sampler: Sampler | None = None
+        self._senders: _SenderThread | None = None
+        self._run_window: Window | None = None
+        self._consumer_faults: dict[str, Fault] = {}
+        self._lock = threading.Lock()
+
+    # -- lifecycle -------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._sampler is not None and self._sampler.running
+
+    def start(self) -> "Monitor":
+        """Start a new run (a no-op if already running)."""
+        with self._lock:
+            if self.running:
+                return self
+            self._stop_locked()
+            tree = ProcessTree(self.pid, children=self.children, exact_peak=self.exact_peak)
+            sources: list = [tree]
+            if self.system:
+                sources.append(System())
+            gpus = None
+            if self.gpu:
+                gpus = nvml.GPUs(tree_pids=lambda: tree.pids)
+                sources.append(gpus)
+            sources.extend(self.extra_sources)
+            sampler = Sampler(sources, None, self.interval,
+                              clock=self.clock, wall=self.wall, event=self.event,
+                              until=None if self.pid == os.getpid() else lambda: not tree.root_alive)
+            sampler.prime()
+            try:
+                store = Store(sampler.fields, self.max_bytes)
+            except BaseException:
+                sampler.close_sources()
+                raise
+            sampler.sink = store.append
+            self.store, self.tree, self.gpus = store, tree, gpus
+            self._run_window = store.open_window(sampler.t_start)
+            self._consumer_faults = {}
+            senders = _SenderThread(self, self.consumers) if self.consumers else None
+            if senders is not None:
+                # When the watched process exits, the consumers get their final tick at once.
+                sampler.on_finish = senders.stop_event.set
+            sampler.launch()
+            self._sampler, self._senders = sampler, senders
+            if senders is not None:
+                senders.thread.start()
+            _running.add(self)
+            return self
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop sampling and flush the consumers; bounded by ``interval + 0.1`` s
+        (or ``timeout``) even when a source or sender is stuck. Returns False
+        if a stuck thread had to be left behind (it can never write again)."""
+        with self._lock:
+            return self._stop_locked(timeout)
+
+    def _stop_locked(self, timeout: float | None = None) -> bool:
+        sampler, senders = self._sampler, self._senders
+        if sampler is None:
+            return True
+        deadline = time.monotonic() + (self.interval + 0.1 if timeout is None else timeout)
+        clean = sampler.stop(timeout=max(0.0, deadline - time.monotonic()))
+        if senders is not None:
+            senders.stop_event.set()
+            senders.thread.join(max(0.0, deadline - time.monotonic()))
+            clean = clean and not senders.thread.is_alive()
+            self._senders = None
+        if self._run_window is not None:
+            self._run_window.close()
+        _running.discard(self)
+        return clean
+
+    def __enter__(self) -> "Monitor":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- results ---------------------------------------------------------
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return self.store.columns if self.store else ()
+
+    @property
+    def faults(self) -> dict[str, Fault]:
+        """Failures per source or sender since the run started (empty when none)."""
+        out = dict(self._sampler.faults) if self._sampler else {}
+        out.update(self._consumer_faults)
+        return out
+
+    def _consumer_fault(self, consumer, err: BaseException) -> None:
+        name = source_name(consumer)
+        fault = self._consumer_faults.get(name)
+        if fault is None:
+            fault = self._consumer_faults[name] = Fault(name, f"{type(err).__name__}: {err}")
+        fault.count += 1
+
+    @property
+    def peak_exact(self) -> bool | None:
+        return self.tree.peak_exact if self.tree else None
+
+    @property
+    def gpu_state(self) -> str:
+        return self.gpus.state if self.gpus else "off (gpu=False)"
+
+    def summary(self) -> ResourceSummary:
+        """Summary of the current (or last) run, exact over every sample."""
+        if self._run_window is None:
+            return ResourceSummary.zeroed()
+        return summarize(self._run_window.stats(), peak_exact=self.peak_exact)
+
+    def window(self) -> "Span":
+        """Open a span whose summary covers only the samples taken from now on."""
+        if self.store is None:
+            raise RuntimeError("the monitor has not been started")
+        return Span(self, self.store.open_window(self.clock()))
+
+    def latest(self) -> dict[str, float]:
+        return self.store.latest() if self.store else {}
+
+
+class Span:
+    """A part of a run (one notebook cell, say) with its own exact summary."""
+
+    def __init__(self, monitor: Monitor, window: Window):
+        self.monitor = monitor
+        self.window = window
+        self.t_open = window.folded.t_open
+
+    def summary(self) -> ResourceSummary:
+        return summarize(self.window.stats(), peak_exact=self.monitor.peak_exact)
+
+    def close(self) -> ResourceSummary:
+        self.window.close()
+        return self.summary()
+
+    def __enter__(self) -> "Span":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _signal_all_at_exit() -> None:
+    # Only signal: joining here could block interpreter exit behind a stuck source.
+    for monitor in list(_running):
+        sampler = monitor._sampler
+        if sampler is not None:
+            sampler._stop.set()
+
+
+def _forget_all_in_child() -> None:
+    # Threads do not survive fork; the child starts with no sampler and fresh locks.
+    for monitor in list(_running):
+        monitor._lock = threading.Lock()
+        monitor._sampler = None
+        monitor._senders = None
+        if monitor.store is not None:
+            monitor.store._lock = threading.Lock()
+    _running.clear()
+
+
+atexit.register(_signal_all_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_all_in_child)

@@ -1,0 +1,420 @@
+"""CPU, memory, threads and I/O of a process and all its descendants.
+
+On Linux the tree is read straight from /proc through file descriptors kept
+open between samples; elsewhere (and when /proc is unusable) through psutil.
+Every figure is a float, NaN where unknown. Units are in the field names.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+NAN = math.nan
+MIB = 1024.0 * 1024.0
+
+FIELDS = (
+    "proc_cpu_percent",       # tree CPU over the last interval, 100 = one core
+    "proc_cpu_norm_percent",  # the same divided by the logical CPU count, 0..100
+    "proc_cpu_time_s",        # CPU seconds the tree used since start(), exited children included
+    "proc_rss_mb",            # sum of the tree's resident set sizes, MiB
+    "proc_rss_peak_mb",       # highest tree RSS within the last interval, MiB (exact for the root on Linux)
+    "proc_threads",
+    "proc_count",
+    "proc_read_bytes",        # storage bytes read by the live tree (reaped children included)
+    "proc_write_bytes",
+)
+
+_LOGICAL_CPUS = os.cpu_count() or 1
+
+
+def _cpu_clock_id(pid: int) -> int:
+    # The kernel's per-process CPU clock (clock_getcpuclockid(3)), readable for
+    # any pid: nanosecond CPU time instead of /proc's 10 ms ticks, which would
+    # make a 10 Hz CPU % jitter by +/-10 points.
+    return ((~pid) << 3) | 2
+
+
+class _LinuxProc:
+    """Kept-open /proc descriptors of one process of the tree."""
+
+    __slots__ = ("pid", "parent", "stat_fd", "statm_fd", "children_fd", "clock",
+                 "cpu_s", "threads", "rss_pages", "read_bytes", "write_bytes")
+
+    def __init__(self, pid: int, parent: int | None):
+        self.pid = pid
+        self.parent = parent
+        base = f"/proc/{pid}/"
+        self.stat_fd = os.open(base + "stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.statm_fd = os.open(base + "statm", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            os.close(self.stat_fd)
+            raise
+        try:
+            # Only the main thread's children are read every sample; the other
+            # threads' are walked on the discovery cadence.
+            self.children_fd = os.open(f"{base}task/{pid}/children", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.children_fd = -1
+        self.clock = _cpu_clock_id(pid)
+        self.cpu_s = 0.0
+        self.threads = 0.0
+        self.rss_pages = 0.0
+        self.read_bytes = NAN
+        self.write_bytes = NAN
+
+    def read(self, tick_s: float) -> None:
+        """Refresh CPU, threads and RSS; raises OSError once the process is gone."""
+        # The stat fd stays bound to this process even if its pid is reused,
+        # so a successful read proves the clock below still belongs to it.
+        stat = os.pread(self.stat_fd, 1024, 0)
+        fields = stat[stat.rindex(b")") + 2:].split(b" ", 20)
+        children_s = (int(fields[13]) + int(fields[14])) * tick_s  # cutime + cstime
+        self.threads = float(fields[17])
+        try:
+            own_s = time.clock_gettime_ns(self.clock) * 1e-9
+        except OSError:  # a zombie has no clock left; its stat times are final
+            own_s = (int(fields[11]) + int(fields[12])) * tick_s
+        self.cpu_s = own_s + children_s
+        statm = os.pread(self.statm_fd, 256, 0)
+        self.rss_pages = float(statm.split(b" ", 2)[1])
+
+    def read_io(self) -> None:
+        try:
+            with open(f"/proc/{self.pid}/io", "rb") as f:
+                text = f.read()
+        except OSError:  # another user's process: /proc/<pid>/io needs ptrace rights
+            self.read_bytes = self.write_bytes = NAN
+            return
+        for line in text.splitlines():
+            if line.startswith(b"read_bytes:"):
+                self.read_bytes = float(line[11:])
+            elif line.startswith(b"write_bytes:"):
+                self.write_bytes = float(line[12:])
+
+    def child_pids(self) -> list[int]:
+        if self.children_fd < 0:
+            return []
+        return [int(p) for p in os.pread(self.children_fd, 65536, 0).split()]
+
+    def all_thread_child_pids(self) -> list[int]:
+        pids = []
+        for tid in os.listdir(f"/proc/{self.pid}/task"):
+            try:
+                with open(f"/proc/{self.pid}/task/{tid}/children", "rb") as f:
+                    pids.extend(int(p) for p in f.read().split())
+            except OSError:  # the thread exited while we listed
+                continue
+        return pids
+
+    def close(self) -> None:
+        for fd in (self.stat_fd, self.statm_fd, self.children_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.stat_fd = self.statm_fd = self.children_fd = -1
+
+
+class ProcessTree:
+    """Samples a process and, unless ``children=False``, all its descendants.
+
+    Call :meth:`start` first: it primes the CPU baseline so that the first
+    :meth:`sample` already gives a true CPU % (psutil's first
+    ``cpu_percent()`` returns a meaningless 0.0; this one does not).
+
+    CPU time counts every process of the tree, including time a child used
+    before it was discovered and children that already exited and were reaped
+    by a tree member (the kernel moves their time into the parent's
+    cutime/cstime). The root's peak RSS is the kernel's exact high-water mark
+    (VmHWM, reset through /proc/<pid>/clear_refs every sample), so a spike
+    shorter than the interval is still caught; ``peak_exact`` says whether
+    that worked or peaks are sampled.
+    """
+
+    fields = FIELDS
+
+    def __init__(self, pid: int | None = None, *, children: bool = True,
+                 exact_peak: bool = True, discover_every_s: float = 1.0,
+                 io_every_s: float = 1.0, use_proc: bool | None = None):
+        self.pid = os.getpid() if pid is None else int(pid)
+        self.children = children
+        self.discover_every_s = discover_every_s
+        self.io_every_s = io_every_s
+        if use_proc is None:
+            use_proc = sys.platform.startswith("linux") and os.path.exists(f"/proc/{self.pid}/stat")
+        self._backend = _ProcBackend(self) if use_proc else _PsutilBackend(self)
+        self._want_exact_peak = exact_peak and use_proc
+        self.peak_exact = False
+        self.gone = 0            # processes of the tree that disappeared since start()
+        self._last_t = NAN
+        self._last_cpu_s = NAN
+        self._start_cpu_s = NAN
+
+    @property
+    def backend(self) -> str:
+        return self._backend.name
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return self._backend.pids()
+
+    @property
+    def root_alive(self) -> bool:
+        return self._backend.root_alive
+
+    def start(self, now: float | None = None) -> None:
+        """Open the tree and prime the CPU baseline. Raises ProcessLookupError
+        if the pid does not exist."""
+        now = time.monotonic() if now is None else now
+        self._backend.open()
+        self.peak_exact = self._want_exact_peak and self._backend.reset_peak()
+        cpu_s = self._backend.refresh(now, discover=True, io=True)
+        self._last_t = now
+        self._last_cpu_s = self._start_cpu_s = cpu_s
+
+    def sample(self, now: float) -> tuple[float, ...]:
+        b = self._backend
+        discover = self.children and now - b.last_discovery >= self.discover_every_s
+        cpu_s = b.refresh(now, discover=discover, io=now - b.last_io >= self.io_every_s)
+        dt = now - self._last_t
+        cpu_percent = max(0.0, (cpu_s - self._last_cpu_s) / dt * 100.0) if dt > 0 else NAN
+        self._last_t, self._last_cpu_s = now, cpu_s
+        rss_mb = b.rss_mb()
+        peak_mb = rss_mb
+        if self.peak_exact:
+            root_peak = b.root_peak_mb()
+            if root_peak == root_peak:  # not NaN
+                peak_mb = max(rss_mb, rss_mb - b.root_rss_mb() + root_peak)
+                b.reset_peak()
+        return (cpu_percent, cpu_percent / _LOGICAL_CPUS, cpu_s - self._start_cpu_s,
+                rss_mb, peak_mb, b.threads(), float(b.count()),
+                b.io_total("read_bytes"), b.io_total("write_bytes"))
+
+    def close(self) -> None:
+        self._backend.close()
+
+
+class _ProcBackend:
+    """Linux: /proc read through kept-open descriptors."""
+
+    name = "proc"
+
+    def __init__(self, tree: ProcessTree):
+        self.tree = tree
+        self.procs: dict[int, _LinuxProc] = {}
+        self.retained_cpu_s = 0.0   # CPU of gone processes that no tree member reaped
+        self.last_discovery = -math.inf
+        self.last_io = -math.inf
+        self.root_alive = False
+        self.tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+        self.page_mb = os.sysconf("SC_PAGE_SIZE") / MIB
+        self._status_fd = -1
+        self._clear_refs_fd = -1
+
+    def pids(self) -> tuple[int, ...]:
+        return tuple(self.procs)
+
+    def open(self) -> None:
+        pid = self.tree.pid
+        try:
+            self.procs[pid] = _LinuxProc(pid, None)
+        except FileNotFoundError:
+            raise ProcessLookupError(f"no process with pid {pid}") from None
+        self.root_alive = True
+        self._status_fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._clear_refs_fd = os.open(f"/proc/{pid}/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:  # another user's process, or a kernel without clear_refs
+            self._clear_refs_fd = -1
+
+    def reset_peak(self) -> bool:
+        """Reset the root's VmHWM to its current RSS (clear_refs value 5)."""
+        if self._clear_refs_fd < 0:
+            return False
+        try:
+            os.write(self._clear_refs_fd, b"5")
+            return True
+        except OSError:
+            return False
+
+    def root_peak_mb(self) -> float:
+        try:
+            status = os.pread(self._status_fd, 4096, 0)
+        except OSError:
+            return NAN
+        at = status.find(b"VmHWM:")
+        if at < 0:  # a kernel thread or a zombie has no mm
+            return NAN
+        return float(status[at + 6:status.index(b"kB", at)]) / 1024.0
+
+    def root_rss_mb(self) -> float:
+        root = self.procs.get(self.tree.pid)
+        return root.rss_pages * self.page_mb if root else 0.0
+
+    def refresh(self, now: float, *, discover: bool, io: bool) -> float:
+        gone = []
+        for proc in list(self.procs.values()):
+            try:
+                proc.read(self.tick_s)
+            except OSError:
+                gone.append(proc)
+        for proc in gone:
+            self._forget(proc)
+        if self.tree.children and self.procs:
+            self._find_children(thorough=discover)
+            if discover:
+                self.last_discovery = now
+        if io:
+            for proc in self.procs.values():
+                proc.read_io()
+            self.last_io = now
+        return self.retained_cpu_s + sum(p.cpu_s for p in self.procs.values())
+
+    def _forget(self, proc: _LinuxProc) -> None:
+        del self.procs[proc.pid]
+        proc.close()
+        self.tree.gone += 1
+        if proc.pid == self.tree.pid:
+            self.root_alive = False
+        # A child reaped by a live tree member shows up in that member's
+        # cutime/cstime; anyone else's reaping would lose its time.
+        if proc.parent not in self.procs:
+            self.retained_cpu_s += proc.cpu_s
+
+    def _find_children(self, thorough: bool) -> None:
+        known = self.procs
+        queue = list(known.values())
+        while queue:
+            parent = queue.pop()
+            try:
+                pids = parent.all_thread_child_pids() if thorough else parent.child_pids()
+            except OSError:
+                continue
+            for pid in pids:
+                if pid in known:
+                    continue
+                try:
+                    child = _LinuxProc(pid, parent.pid)
+                    child.read(self.tick_s)
+                except OSError:  # exited between the listing and the open
+                    continue
+                child.read_io()
+                known[pid] = child
+                queue.append(child)
+
+    def rss_mb(self) -> float:
+        return sum(p.rss_pages for p in self.procs.values()) * self.page_mb
+
+    def threads(self) -> float:
+        return sum(p.threads for p in self.procs.values())
+
+    def count(self) -> int:
+        return len(self.procs)
+
+    def io_total(self, field: str) -> float:
+        return sum(getattr(p, field) for p in self.procs.values()) if self.procs else NAN
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.close()
+        self.procs.clear()
+        for fd in (self._status_fd, self._clear_refs_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._status_fd = self._clear_refs_fd = -1
+
+
+class _PsutilBackend:
+    """Portable fallback through psutil; peaks are sampled."""
+
+    name = "psutil"
+
+    def __init__(self, tree: ProcessTree):
+        import psutil
+
+        self.psutil = psutil
+        self.tree = tree
+        self.procs: dict = {}
+        self.parents: dict[int, int] = {}
+        self.values: dict[int, tuple] = {}   # pid -> (cpu_s, rss_bytes, threads, read, write)
+        self.retained_cpu_s = 0.0
+        self.last_discovery = -math.inf
+        self.last_io = -math.inf
+        self.root_alive = False
+
+    def pids(self) -> tuple[int, ...]:
+        return tuple(self.procs)
+
+    def open(self) -> None:
+        try:
+            root = self.psutil.Process(self.tree.pid)
+        except self.psutil.NoSuchProcess:
+            raise ProcessLookupError(f"no process with pid {self.tree.pid}") from None
+        self.procs = {root.pid: root}
+        self.root_alive = True
+
+    def reset_peak(self) -> bool:
+        return False
+
+    def refresh(self, now: float, *, discover: bool, io: bool) -> float:
+        ps = self.psutil
+        if discover and self.tree.children:
+            self.last_discovery = now
+            try:
+                for child in self.procs[self.tree.pid].children(recursive=True):
+                    if child.pid not in self.procs:
+                        self.procs[child.pid] = child
+                        self.parents[child.pid] = child.ppid()
+            except (ps.NoSuchProcess, ps.AccessDenied, KeyError):
+                pass
+        if io:
+            self.last_io = now
+        for pid, proc in list(self.procs.items()):
+            try:
+                with proc.oneshot():
+                    t = proc.cpu_times()
+                    old = self.values.get(pid)
+                    rw = (NAN, NAN)
+                    if io:
+                        try:
+                            c = proc.io_counters()
+                            rw = (float(c.read_bytes), float(c.write_bytes))
+                        except (ps.AccessDenied, AttributeError, NotImplementedError):
+                            pass
+                    elif old:
+                        rw = old[3:]
+                    self.values[pid] = (t.user + t.system + t.children_user + t.children_system,
+                                        float(proc.memory_info().rss), float(proc.num_threads())) + rw
+            except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
+                del self.procs[pid]
+                last = self.values.pop(pid, None)
+                self.tree.gone += 1
+                if pid == self.tree.pid:
+                    self.root_alive = False
+                if last and self.parents.pop(pid, None) not in self.procs:
+                    self.retained_cpu_s += last[0]
+        return self.retained_cpu_s + sum(v[0] for v in self.values.values())
+
+    def rss_mb(self) -> float:
+        return sum(v[1] for v in self.values.values()) / MIB
+
+    def root_rss_mb(self) -> float:
+        return self.values.get(self.tree.pid, (0, 0))[1] / MIB
+
+    def root_peak_mb(self) -> float:
+        return NAN
+
+    def threads(self) -> float:
+        return sum(v[2] for v in self.values.values())
+
+    def count(self) -> int:
+        return len(self.values)
+
+    def io_total(self, field: str) -> float:
+        i = 3 if field == "read_bytes" else 4
+        return sum(v[i] for v in self.values.values()) if self.values else NAN
+
+    def close(self) -> None:
+        self.procs.clear()
+        self.values.clear()

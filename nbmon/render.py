@@ -1,0 +1,113 @@
+"""Formatting for humans: numbers with units, a static HTML table and an SVG
+timeline. The only place nbmon turns floats into text; everything here is
+pure and dependency-free so saved notebooks and HTML exports show it as is.
+"""
+from __future__ import annotations
+
+import html
+import math
+
+
+def _unknown(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def fmt_mib(mib) -> str:
+    """512.0 -> '512 MiB', 1536.0 -> '1.50 GiB'."""
+    if _unknown(mib):
+        return "–"
+    sign = "-" if mib < 0 else ""
+    mib = abs(mib)
+    if mib >= 1024 * 1024:
+        return f"{sign}{mib / 1024 / 1024:.2f} TiB"
+    if mib >= 1024:
+        return f"{sign}{mib / 1024:.2f} GiB"
+    if mib >= 100:
+        return f"{sign}{mib:.0f} MiB"
+    return f"{sign}{mib:.1f} MiB"
+
+
+def fmt_signed_mib(mib) -> str:
+    text = fmt_mib(mib)
+    return text if _unknown(mib) or mib < 0 else "+" + text
+
+
+def fmt_percent(p) -> str:
+    return "–" if _unknown(p) else f"{p:.1f} %"
+
+
+def fmt_seconds(s) -> str:
+    """0.25 -> '250 ms', 12.34 -> '12.3 s', 75 -> '1 min 15 s', 3725 -> '1 h 2 min'."""
+    if _unknown(s):
+        return "–"
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 60:
+        return f"{s:.1f} s"
+    minutes, sec = divmod(int(round(s)), 60)
+    if minutes < 60:
+        return f"{minutes} min {sec} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def fmt_plain(x, unit: str = "") -> str:
+    if _unknown(x):
+        return "–"
+    return f"{x:.0f}{unit}" if abs(x) >= 100 else f"{x:.1f}{unit}"
+
+
+def html_table(title: str, rows: list[tuple[str, str]], *, status: str = "ok", extra: str = "") -> str:
+    """A compact two-column table; red border when ``status`` is not 'ok'."""
+    color = "#2a7d2a" if status == "ok" else "#c0392b"
+    body = "".join(
+        f'<tr><th style="text-align:left;padding:1px 10px 1px 0;font-weight:normal;color:#555">'
+        f'{html.escape(k)}</th><td style="text-align:right;padding:1px 0">{html.escape(v)}</td></tr>'
+        for k, v in rows)
+    return (f'<div class="nbmon-summary" data-status="{html.escape(status)}" '
+            f'style="display:inline-block;border-left:3px solid {color};padding:4px 10px;'
+            f'font:12px/1.4 system-ui,sans-serif">'
+            f'<div style="font-weight:600;margin-bottom:2px">{html.escape(title)}</div>'
+            f'<table style="border-collapse:collapse">{body}</table>{extra}</div>')
+
+
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
+
+
+def svg_timeline(t, series: dict, *, width: int = 360, height: int = 70, max_points: int = 300) -> str:
+    """Small static line chart: one normalised line per series, legend with peaks.
+
+    ``t`` and each value array are sequences of floats of equal length;
+    each series is drawn on its own scale (0 to its peak) so that the shapes
+    compare, and the legend gives the peak with its unit.
+    """
+    n = len(t)
+    if n < 2:
+        return ""
+    step = max(1, -(-n // max_points))
+    t0, t1 = float(t[0]), float(t[-1])
+    span = (t1 - t0) or 1.0
+    pad, plot_h = 2, height - 18
+    lines, legend = [], []
+    for k, (label, (values, unit)) in enumerate(series.items()):
+        finite = [float(v) for v in values if not _unknown(float(v))]
+        if not finite:
+            continue
+        top = max(finite) or 1.0
+        color = _COLORS[k % len(_COLORS)]
+        pts = []
+        for i in range(0, n, step):
+            chunk = [float(v) for v in values[i:i + step] if not _unknown(float(v))]
+            if not chunk:
+                continue
+            x = pad + (float(t[i]) - t0) / span * (width - 2 * pad)
+            y = pad + plot_h - max(chunk) / top * plot_h
+            pts.append(f"{x:.1f},{y:.1f}")
+        lines.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.3" points="{" ".join(pts)}"/>')
+        legend.append(f'<tspan fill="{color}">■</tspan> {html.escape(label)} peak {html.escape(fmt_plain(top, unit))}  ')
+    return (f'<svg class="nbmon-timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+            f'height="{height}" viewBox="0 0 {width} {height}" style="display:block;margin-top:4px">'
+            f'<rect width="{width}" height="{plot_h + 2 * pad}" fill="#fafafa" stroke="#ddd"/>'
+            + "".join(lines)
+            + f'<text x="2" y="{height - 4}" font-size="10" font-family="system-ui,sans-serif">'
+            + "".join(legend) + f'· {html.escape(fmt_seconds(span))}</text></svg>')

@@ -1,0 +1,162 @@
+"""calibrax's ``calibrax.profiling.resources`` API on nbmon's engine.
+
+Code written for calibrax runs unchanged::
+
+    with ResourceMonitor() as mon:
+        run_benchmark()
+    summary = mon.summary
+
+Underneath: the whole process tree is measured, the peak RSS is the
+kernel's exact high-water mark, the thread never dies of a failing GPU
+profiler, and stopping is bounded and cannot leave an old loop running.
+Without a ``gpu_profiler`` nbmon reads NVIDIA GPUs through NVML itself.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Protocol, runtime_checkable
+
+from .monitor import Monitor, check_interval
+from .summary import ResourceSample, ResourceSummary
+
+__all__ = ["GPUProfilerProtocol", "ResourceMonitor", "ResourceSample", "ResourceSummary"]
+
+NAN = math.nan
+
+
+@runtime_checkable
+class GPUProfilerProtocol(Protocol):
+    """Protocol for GPU profilers providing utilization and memory data."""
+
+    def get_utilization(self) -> float:
+        """Current GPU utilization as a percentage (0-100)."""
+        ...
+
+    def get_memory_usage(self) -> dict[str, float]:
+        """Memory statistics with at least a 'gpu_memory_used_mb' key."""
+        ...
+
+    def get_clock_info(self) -> dict[str, float]:
+        """Clock frequencies: 'gpu_clock_mhz' and 'mem_clock_mhz'."""
+        ...
+
+    def get_power_info(self) -> dict[str, float]:
+        """Power: 'power_draw_w' and 'power_limit_w'."""
+        ...
+
+
+def _number(value) -> float:
+    """A finite non-negative float, else NaN (a malformed payload is unknown, not fatal)."""
+    if isinstance(value, bool):
+        return NAN
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return NAN
+    return value if math.isfinite(value) and value >= 0 else NAN
+
+
+class ProfilerSource:
+    """Adapts a GPUProfilerProtocol object to a sampler source.
+
+    Each of the four calls is guarded on its own: one that raises or answers
+    garbage gives NaN for its field and is counted in ``errors``.
+    """
+
+    name = "gpu_profiler"
+    fields = ("gpu_util_percent", "gpu_mem_used_mb", "gpu_sm_clock_mhz", "gpu_power_w")
+
+    def __init__(self, profiler: GPUProfilerProtocol):
+        self.profiler = profiler
+        self.errors = 0
+
+    def start(self, now: float) -> None:
+        pass
+
+    def _ask(self, method: str, key: str | None) -> float:
+        try:
+            payload = getattr(self.profiler, method)()
+            value = payload if key is None else payload[key]
+        except Exception:  # the user's profiler: anything may go wrong
+            self.errors += 1
+            return NAN
+        number = _number(value)
+        if number != number:
+            self.errors += 1
+        return number
+
+    def sample(self, now: float) -> tuple[float, float, float, float]:
+        return (self._ask("get_utilization", None),
+                self._ask("get_memory_usage", "gpu_memory_used_mb"),
+                self._ask("get_clock_info", "gpu_clock_mhz"),
+                self._ask("get_power_info", "power_draw_w"))
+
+    def close(self) -> None:
+        pass
+
+
+def _check_profiler(profiler) -> None:
+    missing = [m for m in ("get_utilization", "get_memory_usage", "get_clock_info", "get_power_info")
+               if not callable(getattr(profiler, m, None))]
+    if missing:
+        raise TypeError(f"gpu_profiler {profiler!r} does not satisfy GPUProfilerProtocol: "
+                        f"missing {', '.join(missing)}")
+
+
+def _optional(v: float) -> float | None:
+    return None if v != v else v
+
+
+class ResourceMonitor:
+    """Background 10Hz resource sampling via context manager.
+
+    ``sample_interval_sec`` seconds between samples (default 0.1 = 10 Hz);
+    ``gpu_profiler`` an optional GPUProfilerProtocol object.
+    """
+
+    def __init__(self, sample_interval_sec: float = 0.1, gpu_profiler: GPUProfilerProtocol | None = None):
+        interval = check_interval(sample_interval_sec, "sample_interval_sec")
+        if gpu_profiler is not None:
+            _check_profiler(gpu_profiler)
+        self.sample_interval_sec = interval
+        self.gpu_profiler = gpu_profiler
+        extra = [ProfilerSource(gpu_profiler)] if gpu_profiler is not None else []
+        # perf_counter is calibrax's timestamp clock.
+        self._monitor = Monitor(interval=interval, gpu=gpu_profiler is None,
+                                extra_sources=extra, clock=time.perf_counter)
+
+    @property
+    def monitor(self) -> Monitor:
+        """The nbmon engine underneath (all columns, faults, store)."""
+        return self._monitor
+
+    def __enter__(self) -> "ResourceMonitor":
+        """Start background sampling thread."""
+        self._monitor.start()
+        return self
+
+    def __exit__(self, *args) -> None:
+        """Stop background sampling thread."""
+        self._monitor.stop()
+
+    @property
+    def samples(self) -> list[ResourceSample]:
+        """Return a copy of all collected samples."""
+        store = self._monitor.store
+        if store is None:
+            return []
+        wanted = ("proc_cpu_percent", "proc_rss_mb", "gpu_util_percent", "gpu_mem_used_mb",
+                  "gpu_sm_clock_mhz", "gpu_power_w")
+        t, _, cols = store.series([c for c in wanted if c in store.columns])
+        nan = [NAN] * len(t)
+        get = {c: cols[c].tolist() if c in cols else nan for c in wanted}
+        return [ResourceSample(timestamp=ts, cpu_percent=cpu, rss_mb=rss, gpu_util=_optional(gu),
+                               gpu_mem_mb=_optional(gm), gpu_clock_mhz=_optional(gc),
+                               gpu_power_w=_optional(gp))
+                for ts, cpu, rss, gu, gm, gc, gp in zip(t.tolist(), *get.values())]
+
+    @property
+    def summary(self) -> ResourceSummary:
+        """Compute aggregated summary from collected samples (zeroed if none)."""
+        return self._monitor.summary()

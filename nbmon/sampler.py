@@ -1,0 +1,207 @@
+"""The sampling thread: reads every source on a drift-free schedule.
+
+A :class:`Sampler` runs once: ``start()`` primes the sources in the calling
+thread (so a bad pid raises there), then one daemon thread named
+``nbmon-sampler`` calls each source's ``sample(now)`` every ``interval``
+seconds and hands the row to ``sink(t_mono, t_wall, row)``. Sources take the
+pid they watch and return plain floats, so nothing here assumes that the
+sampler lives in the monitored process.
+
+Faults never kill the thread: a source that raises, or returns the wrong
+number of values, or values that are not non-negative numbers, gives NaN for
+its fields and is counted in :attr:`faults`; the other sources go on.
+Nothing is printed from the thread: callers read :attr:`faults`.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+NAN = math.nan
+
+
+class Fault:
+    """How often one source failed, and its first error in words."""
+
+    __slots__ = ("source", "count", "first_error", "reported")
+
+    def __init__(self, source: str, first_error: str):
+        self.source = source
+        self.count = 0
+        self.first_error = first_error
+        self.reported = False
+
+    def __repr__(self) -> str:
+        return f"Fault({self.source!r}, count={self.count}, first_error={self.first_error!r})"
+
+
+class Sampler:
+    """Samples ``sources`` into ``sink`` from a daemon thread.
+
+    ``clock`` (monotonic seconds), ``wall`` (epoch seconds) and ``event``
+    (an object with ``wait(timeout)``, ``set()`` and ``is_set()``) are
+    injectable so tests can drive the schedule without sleeping.
+    """
+
+    def __init__(self, sources: Sequence, sink: Callable | None, interval: float, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time,
+                 event: Callable[[], object] = threading.Event,
+                 name: str = "nbmon-sampler",
+                 until: Callable[[], bool] | None = None):
+        self.sources = list(sources)
+        self.sink = sink
+        self.interval = float(interval)
+        self.clock = clock
+        self.wall = wall
+        self.name = name
+        self.until = until  # checked after each sample: True ends the run (the watched pid exited)
+        self.on_finish: Callable[[], None] | None = None  # called by the thread as it ends
+        self.faults: dict[str, Fault] = {}
+        self.t_start = NAN
+        self.fields: tuple[str, ...] = ()
+        self._stop = event()
+        self._thread: threading.Thread | None = None
+        self._slices: list[tuple[object, slice]] = []
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    def prime(self) -> None:
+        """Open the sources and take their baselines; fixes :attr:`fields`."""
+        self.t_start = now = self.clock()
+        opened = []
+        try:
+            for source in self.sources:
+                source.start(now)
+                opened.append(source)
+        except BaseException:
+            for source in opened:
+                source.close()
+            raise
+        fields, at = [], 0
+        for source in self.sources:
+            width = len(source.fields)
+            self._slices.append((source, slice(at, at + width)))
+            fields.extend(source.fields)
+            at += width
+        self.fields = tuple(fields)
+
+    def start(self) -> None:
+        self.prime()
+        self.launch()
+
+    def launch(self) -> None:
+        """Start the thread on primed sources."""
+        thread = threading.Thread(target=self._run, args=(self._stop,), name=self.name, daemon=True)
+        try:
+            thread.start()
+        except BaseException:
+            self.close_sources()
+            raise
+        self._thread = thread
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop sampling; returns within ``interval + 0.1`` s (or ``timeout``)
+        even if a source is stuck. Returns False if the thread had to be
+        abandoned: it is a daemon, owns its sources, and exits (closing them)
+        when the stuck call returns, without writing to the sink again."""
+        self._stop.set()
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(self.interval + 0.1 if timeout is None else timeout)
+        return not thread.is_alive()
+
+    def step(self, now: float) -> None:
+        """Take one sample at ``now`` and hand it to the sink."""
+        row = self.read(now)
+        if not self._stop.is_set():
+            self.sink(now, self.wall(), row)
+
+    def read(self, now: float) -> np.ndarray:
+        values: list = []
+        for source, cols in self._slices:
+            try:
+                got = source.sample(now)
+                if len(got) != cols.stop - cols.start:
+                    raise ValueError(f"returned {len(got)} values for {cols.stop - cols.start} fields")
+                values.extend(got)
+            except Exception as err:  # a source must never take the thread down
+                self._fault(source, err)
+                values.extend([NAN] * (cols.stop - cols.start))
+        try:
+            row = np.array(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            row = self._coerce(values)
+        if (row < 0).any():
+            self._reject_negative(row)
+        return row
+
+    def _coerce(self, values: list) -> np.ndarray:
+        row = np.empty(len(values))
+        for source, cols in self._slices:
+            for i in range(cols.start, cols.stop):
+                try:
+                    row[i] = float(values[i])
+                except (TypeError, ValueError):
+                    row[i] = NAN
+                    self._fault(source, TypeError(f"{source_name(source)} gave {values[i]!r} "
+                                                  f"for {self.fields[i]}"))
+        return row
+
+    def _reject_negative(self, row: np.ndarray) -> None:
+        for source, cols in self._slices:
+            part = row[cols]
+            bad = part < 0
+            if bad.any():
+                field = self.fields[cols.start + int(np.argmax(bad))]
+                self._fault(source, ValueError(f"negative value for {field}"))
+                part[bad] = NAN
+
+    def _fault(self, source, err: BaseException) -> None:
+        name = source_name(source)
+        fault = self.faults.get(name)
+        if fault is None:
+            fault = self.faults[name] = Fault(name, f"{type(err).__name__}: {err}")
+        fault.count += 1
+
+    def _run(self, stop) -> None:
+        interval, clock = self.interval, self.clock
+        next_t = self.t_start + interval
+        try:
+            while True:
+                delay = next_t - clock()
+                if (delay > 0 and stop.wait(delay)) or stop.is_set():
+                    break
+                now = clock()
+                try:
+                    self.step(now)
+                except Exception as err:  # a failing sink must not end sampling either
+                    self._fault(self.sink, err)
+                if self.until is not None and self.until():
+                    stop.set()
+                    break
+                next_t += interval
+                if next_t <= now:  # fell behind (suspended, GIL held): skip, never burst
+                    next_t = now + interval
+        finally:
+            self.close_sources()
+            if self.on_finish is not None:
+                self.on_finish()
+
+    def close_sources(self) -> None:
+        for source in self.sources:
+            try:
+                source.close()
+            except Exception as err:
+                self._fault(source, err)
+
+
+def source_name(source) -> str:
+    return getattr(source, "name", None) or type(source).__name__

@@ -1,0 +1,213 @@
+"""Where samples go besides the store: CSV, JSON Lines, a callback.
+
+A sender has ``publish(event, **kwargs)`` (the scaffold seed's interface)
+and may have ``publish_many(events)``, ``flush()`` and ``close()``. File
+senders write whole lines only: every batch goes to the file in one
+``write``, and a write the disk cuts short is truncated back to the last
+whole line before the error is raised, so a reader never sees half a line,
+not even after the process is killed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Callable, Mapping, Sequence
+
+
+class Consumer:
+    """Called by the monitor's sender thread every ``every_s`` seconds and
+    once more, with ``final=True``, when the monitor stops."""
+
+    every_s = 1.0
+
+    def tick(self, store, final: bool) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class _LineFile:
+    """Append-only file written in whole lines."""
+
+    def __init__(self, path, overwrite: bool):
+        self.path = os.fspath(path)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        flags |= os.O_TRUNC if overwrite else os.O_EXCL
+        try:
+            self.fd = os.open(self.path, flags, 0o666)  # the user's umask applies
+        except FileExistsError:
+            raise FileExistsError(f"{self.path} already exists; pass overwrite=True "
+                                  f"(or --force on the command line) to replace it") from None
+        self.size = os.fstat(self.fd).st_size
+        self.lines = 0
+
+    def write_lines(self, text: str, count: int) -> None:
+        data = text.encode()
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(self.fd, data[done:])
+        except OSError as err:
+            if done:  # never leave half a line behind
+                os.ftruncate(self.fd, self.size)
+            raise OSError(err.errno, f"cannot write to {self.path}: {err.strerror}") from None
+        self.size += len(data)
+        self.lines += count
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _number(v) -> float | None:
+    if v is None:
+        return None
+    v = float(v)
+    return None if math.isnan(v) or math.isinf(v) else v
+
+
+class CSVSender:
+    """Writes each event as a CSV row; the header comes from the first event
+    (or ``columns``). Unknown values are empty cells."""
+
+    def __init__(self, path, *, columns: Sequence[str] | None = None, overwrite: bool = False):
+        self._file = _LineFile(path, overwrite)
+        self.columns = list(columns) if columns else None
+        self._header_done = False
+
+    @property
+    def path(self) -> str:
+        return self._file.path
+
+    @property
+    def lines_written(self) -> int:
+        return self._file.lines
+
+    def publish(self, event: Mapping, **kwargs) -> None:
+        self.publish_many([event])
+
+    def publish_many(self, events: Sequence[Mapping]) -> None:
+        if not events:
+            return
+        lines = []
+        if self.columns is None:
+            self.columns = list(events[0])
+        if not self._header_done:
+            lines.append(",".join(_csv_cell(c) for c in self.columns))
+        for event in events:
+            lines.append(",".join(_csv_value(event.get(c)) for c in self.columns))
+        self._file.write_lines("\n".join(lines) + "\n", len(lines))
+        self._header_done = True
+
+    def flush(self) -> None:
+        """Lines are written straight through: nothing is buffered."""
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _csv_cell(text: str) -> str:
+    text = str(text)
+    if any(ch in text for ch in ',"\n\r'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def _csv_value(v) -> str:
+    if isinstance(v, str):
+        return _csv_cell(v)
+    n = _number(v)
+    return "" if n is None else repr(n)
+
+
+class JSONLinesSender:
+    """Writes each event as one JSON object per line; NaN becomes null."""
+
+    def __init__(self, path, *, overwrite: bool = False):
+        self._file = _LineFile(path, overwrite)
+
+    @property
+    def path(self) -> str:
+        return self._file.path
+
+    @property
+    def lines_written(self) -> int:
+        return self._file.lines
+
+    def publish(self, event: Mapping, **kwargs) -> None:
+        self.publish_many([event])
+
+    def publish_many(self, events: Sequence[Mapping]) -> None:
+        if not events:
+            return
+        text = "".join(json.dumps({k: v if isinstance(v, str) else _number(v) for k, v in e.items()},
+                                  allow_nan=False) + "\n" for e in events)
+        self._file.write_lines(text, len(events))
+
+    def flush(self) -> None:
+        """Lines are written straight through: nothing is buffered."""
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class CallbackSender:
+    """Calls ``callback(event)`` for each event."""
+
+    def __init__(self, callback: Callable[[dict], object]):
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        self.callback = callback
+
+    def publish(self, event: Mapping, **kwargs) -> None:
+        self.callback(dict(event))
+
+
+def publish_all(sender, events: Sequence[Mapping]) -> None:
+    many = getattr(sender, "publish_many", None)
+    if many is not None:
+        many(events)
+    else:
+        for event in events:
+            sender.publish(event)
+
+
+class ForwardSamples(Consumer):
+    """Sends every sample of the store to ``sender`` as one event each:
+    ``{"time": epoch s, "elapsed_s": s since start, <column>: value, ...}``.
+
+    ``lost`` counts samples the store had decimated before they could be
+    sent (only possible when a sender blocks for hours)."""
+
+    def __init__(self, sender, every_s: float = 1.0, t_start: float | None = None):
+        self.sender = sender
+        self.every_s = every_s
+        self.cursor = 0
+        self.lost = 0
+        self.sent = 0
+        self.t_start = t_start
+
+    def tick(self, store, final: bool) -> None:
+        t, wall, rows, next_seq, lost = store.rows_since(self.cursor)
+        self.lost += lost
+        if len(t) == 0:
+            self.cursor = next_seq
+            return
+        if self.t_start is None:
+            self.t_start = float(t[0])
+        columns = store.columns
+        events = [{"time": w, "elapsed_s": ti - self.t_start, **dict(zip(columns, row))}
+                  for ti, w, row in zip(t.tolist(), wall.tolist(), rows.T.tolist())]
+        publish_all(self.sender, events)
+        # Advance only after a successful publish, so a failed write is retried.
+        self.cursor = next_seq
+        self.sent += len(events)
+
+    def close(self) -> None:
+        close = getattr(self.sender, "close", None)
+        if close is not None:
+            close()
+

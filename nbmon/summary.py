@@ -1,0 +1,199 @@
+"""ResourceSample and ResourceSummary: calibrax's two records, kept verbatim
+(fields, order, defaults) and extended with what notebook users need.
+
+Unknown values are ``None``, never NaN, so that summaries compare equal after
+a ``to_dict``/``from_dict`` round trip.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .render import fmt_mib, fmt_percent, fmt_seconds, fmt_signed_mib, fmt_plain, html_table
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourceSample:
+    """Single resource measurement at a point in time.
+
+    ``timestamp`` is ``time.perf_counter()`` seconds (on Linux and macOS the
+    same clock as ``time.monotonic()``); ``rss_mb`` is the whole process
+    tree's resident set in MiB; ``cpu_percent`` is the tree's CPU over the
+    interval before the sample (100 = one core).
+    """
+
+    timestamp: float
+    cpu_percent: float
+    rss_mb: float
+    gpu_util: float | None
+    gpu_mem_mb: float | None
+    gpu_clock_mhz: float | None = None
+    gpu_power_w: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourceSummary:
+    """Aggregated resource usage over a monitoring period.
+
+    The first nine fields are calibrax's. Means are time-weighted (each
+    sample stands for the interval before it), which equals calibrax's plain
+    mean when samples are evenly spaced and stays right when they are not.
+    ``peak_rss_mb`` comes from the kernel's high-water mark when
+    ``peak_rss_exact`` is True, so spikes between samples are caught.
+    """
+
+    peak_rss_mb: float
+    mean_rss_mb: float
+    peak_gpu_mem_mb: float | None
+    mean_gpu_util: float | None
+    memory_growth_mb: float
+    num_samples: int
+    duration_sec: float
+    mean_gpu_clock_mhz: float | None = None
+    mean_gpu_power_w: float | None = None
+    # nbmon's additions
+    mean_cpu_percent: float | None = None
+    peak_cpu_percent: float | None = None
+    cpu_time_sec: float | None = None
+    peak_rss_exact: bool | None = None
+    peak_proc_gpu_mem_mb: float | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+
+    @classmethod
+    def zeroed(cls) -> "ResourceSummary":
+        return cls(peak_rss_mb=0.0, mean_rss_mb=0.0, peak_gpu_mem_mb=None, mean_gpu_util=None,
+                   memory_growth_mb=0.0, num_samples=0, duration_sec=0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; optional fields only when not None (calibrax's rule)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name not in _REQUIRED:
+                continue
+            out[f.name] = _primitive(f.name, value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ResourceSummary":
+        """Inverse of :meth:`to_dict`. Raises ValueError naming any missing,
+        unknown or mistyped key."""
+        if not isinstance(data, dict):
+            raise ValueError(f"ResourceSummary.from_dict needs a dict, got {type(data).__name__}")
+        missing = [k for k in _REQUIRED if k not in data]
+        if missing:
+            raise ValueError(f"ResourceSummary.from_dict: missing key(s) {', '.join(missing)}")
+        unknown = sorted(set(data) - set(_TYPES))
+        if unknown:
+            raise ValueError(f"ResourceSummary.from_dict: unknown key(s) {', '.join(map(repr, unknown))}")
+        return cls(**{k: _checked(k, v) for k, v in data.items()})
+
+    # -- for humans ------------------------------------------------------
+    def rows(self) -> list[tuple[str, str]]:
+        exact = {True: " (exact)", False: " (sampled)", None: ""}[self.peak_rss_exact]
+        rows = [
+            ("Duration", fmt_seconds(self.duration_sec)),
+            ("Peak RSS" + exact, fmt_mib(self.peak_rss_mb)),
+            ("RSS growth", fmt_signed_mib(self.memory_growth_mb)),
+            ("Mean RSS", fmt_mib(self.mean_rss_mb)),
+        ]
+        if self.mean_cpu_percent is not None:
+            rows.append(("CPU mean / peak", f"{fmt_percent(self.mean_cpu_percent)} / "
+                                            f"{fmt_percent(self.peak_cpu_percent)}"))
+        if self.peak_gpu_mem_mb is not None:
+            rows.append(("GPU util mean", fmt_percent(self.mean_gpu_util)))
+            rows.append(("GPU memory peak (device)", fmt_mib(self.peak_gpu_mem_mb)))
+            rows.append(("GPU memory peak (this tree)", fmt_mib(self.peak_proc_gpu_mem_mb)))
+        if self.mean_gpu_power_w is not None:
+            rows.append(("GPU power mean", fmt_plain(self.mean_gpu_power_w, " W")))
+        rows.append(("Samples", str(self.num_samples)))
+        return rows
+
+    def __str__(self) -> str:
+        width = max(len(k) for k, _ in self.rows())
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in self.rows())
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text("ResourceSummary\n" + str(self))
+
+    def _repr_html_(self) -> str:
+        return html_table("Resource summary", self.rows())
+
+
+_REQUIRED = ("peak_rss_mb", "mean_rss_mb", "memory_growth_mb", "num_samples", "duration_sec")
+_TYPES = {f.name: f.type for f in dataclasses.fields(ResourceSummary)}
+
+
+def _primitive(name: str, value):
+    # numpy / JAX scalars become plain Python numbers (calibrax's "JAX scalar safety").
+    if value is None:
+        return None
+    if _TYPES[name].startswith("bool"):
+        return bool(value)
+    if _TYPES[name].startswith("int"):
+        return int(value)
+    return float(value)
+
+
+def _checked(name: str, value):
+    kind = _TYPES[name]
+    if value is None:
+        if name in _REQUIRED:
+            raise ValueError(f"ResourceSummary.from_dict: {name} must not be None")
+        return None
+    if kind.startswith("bool"):
+        if not isinstance(value, bool):
+            raise ValueError(f"ResourceSummary.from_dict: {name} must be true or false, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, complex):
+        raise ValueError(f"ResourceSummary.from_dict: {name} must be a number, got {value!r}")
+    if kind.startswith("int"):
+        if value != int(value):
+            raise ValueError(f"ResourceSummary.from_dict: {name} must be a whole number, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _known(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else float(x)
+
+
+def summarize(stats, *, peak_exact: bool | None = None, wall_now=time.time) -> ResourceSummary:
+    """ResourceSummary of a store window's :class:`~nbmon.store.Stats`."""
+    if stats.count == 0:
+        return ResourceSummary.zeroed()
+    mean = dict(zip(stats.columns, stats.mean().tolist()))
+    peak = dict(zip(stats.columns, stats.max.tolist()))
+
+    def col(d, name):
+        return _known(d.get(name, math.nan))
+
+    rss_peak = col(peak, "proc_rss_peak_mb")
+    if rss_peak is None:
+        rss_peak = col(peak, "proc_rss_mb")
+    growth = stats.value("last", "proc_rss_mb") - stats.value("first", "proc_rss_mb")
+    mean_cpu = col(mean, "proc_cpu_percent")
+    duration = stats.duration
+    start = stats.wall_first - (stats.t_first - stats.t_open) if stats.t_open == stats.t_open else stats.wall_first
+    return ResourceSummary(
+        peak_rss_mb=rss_peak or 0.0,
+        mean_rss_mb=col(mean, "proc_rss_mb") or 0.0,
+        peak_gpu_mem_mb=col(peak, "gpu_mem_used_mb"),
+        mean_gpu_util=col(mean, "gpu_util_percent"),
+        memory_growth_mb=_known(growth) or 0.0,
+        num_samples=int(stats.count),
+        duration_sec=float(duration),
+        mean_gpu_clock_mhz=col(mean, "gpu_sm_clock_mhz"),
+        mean_gpu_power_w=col(mean, "gpu_power_w"),
+        mean_cpu_percent=mean_cpu,
+        peak_cpu_percent=col(peak, "proc_cpu_percent"),
+        cpu_time_sec=None if mean_cpu is None else mean_cpu / 100.0 * duration,
+        peak_rss_exact=peak_exact if "proc_rss_mb" in stats.columns else None,
+        peak_proc_gpu_mem_mb=col(peak, "gpu_proc_mem_mb"),
+        start_time=_known(start),
+        end_time=_known(stats.wall_last),
+    )

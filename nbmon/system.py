@@ -1,0 +1,148 @@
+"""Whole-machine figures: CPU, memory, swap, disk, network, load.
+
+CPU and memory are read every sample (on Linux from /proc/stat and
+/proc/meminfo through kept-open descriptors). Swap, disk, network and load
+change slowly or are cumulative counters, so they are refreshed on a cadence
+(``slow_every_s``) and held in between; rates are per second over that cadence.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+NAN = math.nan
+MIB = 1024.0 * 1024.0
+
+FIELDS = (
+    "sys_cpu_percent",          # all CPUs busy over the last interval, 0..100
+    "sys_mem_used_mb",          # total - available, MiB
+    "sys_mem_available_mb",
+    "sys_mem_total_mb",
+    "sys_mem_percent",          # used / total
+    "sys_swap_used_mb",
+    "sys_disk_used_percent",    # of the file system holding `disk_path`
+    "sys_disk_read_bytes",      # since boot
+    "sys_disk_write_bytes",
+    "sys_disk_read_bps",
+    "sys_disk_write_bps",
+    "sys_net_sent_bytes",       # since boot, all interfaces but loopback
+    "sys_net_recv_bytes",
+    "sys_net_sent_bps",
+    "sys_net_recv_bps",
+    "sys_load1",
+)
+
+_SLOW = FIELDS.index("sys_swap_used_mb")
+
+
+class System:
+    """Samples machine-wide figures. Call :meth:`start` to prime the CPU
+    baseline, so that the first sample's CPU % is already meaningful."""
+
+    fields = FIELDS
+
+    def __init__(self, *, disk_path: str = "/", slow_every_s: float = 1.0,
+                 use_proc: bool | None = None):
+        if use_proc is None:
+            use_proc = sys.platform.startswith("linux") and os.path.exists("/proc/meminfo")
+        self.use_proc = use_proc
+        self.disk_path = disk_path
+        self.slow_every_s = slow_every_s
+        self._stat_fd = self._meminfo_fd = -1
+        self._cpu_busy = self._cpu_total = NAN
+        self._slow = (NAN,) * (len(FIELDS) - _SLOW)
+        self._last_slow_t = -math.inf
+        self._last_counters: tuple[float, ...] | None = None
+
+    def start(self, now: float) -> None:
+        if self.use_proc:
+            self._stat_fd = os.open("/proc/stat", os.O_RDONLY | os.O_CLOEXEC)
+            self._meminfo_fd = os.open("/proc/meminfo", os.O_RDONLY | os.O_CLOEXEC)
+        self._cpu_busy, self._cpu_total = self._cpu_times()
+        self._refresh_slow(now)
+
+    def _cpu_times(self) -> tuple[float, float]:
+        if self.use_proc:
+            line = os.pread(self._stat_fd, 256, 0).split(b"\n", 1)[0]
+            ticks = [int(x) for x in line.split()[1:9]]
+            idle = ticks[3] + ticks[4]  # idle + iowait
+            total = sum(ticks)
+            return float(total - idle), float(total)
+        import psutil
+
+        t = psutil.cpu_times()
+        idle = t.idle + getattr(t, "iowait", 0.0)
+        total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+        return total - idle, total
+
+    def _memory_mb(self) -> tuple[float, float, float]:
+        """(total, available, swap used) in MiB."""
+        if self.use_proc:
+            text = os.pread(self._meminfo_fd, 4096, 0)
+            return (_meminfo_kb(text, b"MemTotal:") / 1024.0,
+                    _meminfo_kb(text, b"MemAvailable:") / 1024.0,
+                    (_meminfo_kb(text, b"SwapTotal:") - _meminfo_kb(text, b"SwapFree:")) / 1024.0)
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return vm.total / MIB, vm.available / MIB, psutil.swap_memory().used / MIB
+
+    def _refresh_slow(self, now: float) -> None:
+        import psutil
+
+        counters = []
+        try:
+            disk = psutil.disk_io_counters()
+            counters += [float(disk.read_bytes), float(disk.write_bytes)]
+        except Exception:  # no disks visible (containers), or no /proc/diskstats
+            counters += [NAN, NAN]
+        try:
+            nics = psutil.net_io_counters(pernic=True)
+            counters += [float(sum(n.bytes_sent for name, n in nics.items() if name != "lo")),
+                         float(sum(n.bytes_recv for name, n in nics.items() if name != "lo"))]
+        except Exception:
+            counters += [NAN, NAN]
+        dt = now - self._last_slow_t
+        if self._last_counters is not None and dt > 0:
+            rates = [(new - old) / dt for new, old in zip(counters, self._last_counters)]
+        else:
+            rates = [NAN] * 4
+        try:
+            disk_percent = float(psutil.disk_usage(self.disk_path).percent)
+        except OSError:
+            disk_percent = NAN
+        try:
+            load1 = os.getloadavg()[0]
+        except (OSError, AttributeError):  # Windows has no load average
+            load1 = NAN
+        self._last_counters = tuple(counters)
+        self._last_slow_t = now
+        self._slow = (NAN, disk_percent, counters[0], counters[1], rates[0], rates[1],
+                      counters[2], counters[3], rates[2], rates[3], load1)
+
+    def sample(self, now: float) -> tuple[float, ...]:
+        busy, total = self._cpu_times()
+        d_total = total - self._cpu_total
+        cpu = (busy - self._cpu_busy) / d_total * 100.0 if d_total > 0 else NAN
+        # Without a tick elapsed, keep the baseline so the next sample spans both intervals.
+        if d_total > 0:
+            self._cpu_busy, self._cpu_total = busy, total
+        mem_total, mem_avail, swap_used = self._memory_mb()
+        if now - self._last_slow_t >= self.slow_every_s:
+            self._refresh_slow(now)
+        used = mem_total - mem_avail
+        return (cpu, used, mem_avail, mem_total, used / mem_total * 100.0, swap_used) + self._slow[1:]
+
+    def close(self) -> None:
+        for fd in (self._stat_fd, self._meminfo_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._stat_fd = self._meminfo_fd = -1
+
+
+def _meminfo_kb(text: bytes, key: bytes) -> float:
+    at = text.find(key)
+    if at < 0:
+        return NAN
+    return float(text[at + len(key):text.index(b"kB", at)])

@@ -1,0 +1,161 @@
+"""scaffold's ``scaffold.system_monitor`` API on nbmon's engine.
+
+``SystemMonitor(pid, backend_sender, sample_rate_seconds=2, rank=None)``
+publishes one StatsDict every ``sample_rate_seconds`` (and on ``flush()``)
+with the WandB client's system-metric names. Underneath, nbmon samples
+faster than it publishes (at most every 0.5 s), so each published value is
+the exact time-weighted mean over its period, and the process figures cover
+the pid's whole process tree. A sender that raises or blocks never stops
+sampling nor delays ``shutdown()``.
+"""
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from typing import Any, Dict, List, Optional, Union
+
+import psutil
+
+from .monitor import Monitor, check_interval, check_pid
+from .senders import Consumer
+
+__all__ = ["AbstractBackendSender", "GPUHandle", "SamplerDict", "StatsDict", "SystemMonitor"]
+
+GPUHandle = Any  # an NVML device handle (pynvml's c_nvmlDevice_t)
+SamplerDict = Dict[str, List[float]]
+StatsDict = Dict[str, Union[float, Dict[str, Any]]]
+
+
+class AbstractBackendSender(abc.ABC):
+    """Abstract interface that works in conjunction with the system monitor.
+    Should be used to configure where the system metrics are being sent to."""
+
+    @abc.abstractmethod
+    def publish(self, event: StatsDict, **kwargs) -> None:
+        """Implements sending event to the corresponding backend."""
+
+
+# WandB name -> (nbmon column, statistic over the period)
+_MACHINE = {
+    "cpu": ("sys_cpu_percent", "mean"),
+    "memory": ("sys_mem_percent", "mean"),
+    "disk": ("sys_disk_used_percent", "last"),
+    "proc.memory.rssMB": ("proc_rss_mb", "mean"),
+    "proc.memory.availableMB": ("sys_mem_available_mb", "mean"),
+    "proc.cpu.threads": ("proc_threads", "last"),
+}
+_GPU = {
+    "gpu": ("util_percent", "mean"),
+    "memory": ("mem_util_percent", "mean"),
+    "temp": ("temp_c", "mean"),
+    "powerWatts": ("power_w", "mean"),
+}
+
+
+def _stats_dict(stats, network_init: dict | None, gpu_count: int) -> StatsDict:
+    out: StatsDict = {}
+
+    def put(key, value):
+        if value == value:  # leave out what is unknown rather than publish NaN
+            out[key] = value
+
+    for key, (column, stat) in _MACHINE.items():
+        put(key, stats.value(stat, column))
+    rss, total = stats.value("mean", "proc_rss_mb"), stats.value("mean", "sys_mem_total_mb")
+    put("proc.memory.percent", rss / total * 100.0 if total else float("nan"))
+    if network_init:
+        put("network.sent", stats.value("last", "sys_net_sent_bytes") - network_init["sent"])
+        put("network.recv", stats.value("last", "sys_net_recv_bytes") - network_init["recv"])
+    for i in range(gpu_count):
+        for key, (field, stat) in _GPU.items():
+            put(f"gpu.{i}.{key}", stats.value(stat, f"gpu{i}_{field}"))
+        used, mem_total = stats.value("mean", f"gpu{i}_mem_used_mb"), stats.value("last", f"gpu{i}_mem_total_mb")
+        put(f"gpu.{i}.memoryAllocated", used / mem_total * 100.0 if mem_total else float("nan"))
+        power, limit = stats.value("mean", f"gpu{i}_power_w"), stats.value("last", f"gpu{i}_power_limit_w")
+        put(f"gpu.{i}.powerPercent", power / limit * 100.0 if limit else float("nan"))
+    return out
+
+
+class _Publisher(Consumer):
+    def __init__(self, owner: "SystemMonitor"):
+        self.owner = owner
+        self.every_s = owner.sample_rate_seconds
+        self.window = None
+        self.lock = threading.Lock()  # flush() from the user's thread vs the sender thread
+
+    def tick(self, store, final: bool) -> None:
+        self.owner._publish_period()
+
+
+class SystemMonitor:
+    """Initializes the SystemMonitor using the parent thread's PID and a
+    backend_sender that implements the logic to send the collected stats to
+    the corresponding backend, e.g. CSV, Tensorboard, WandB."""
+
+    def __init__(self, pid: int, backend_sender: AbstractBackendSender,
+                 sample_rate_seconds: int = 2, rank: Optional[int] = None):
+        self.pid = check_pid(pid)
+        if not callable(getattr(backend_sender, "publish", None)):
+            raise TypeError(f"backend_sender {backend_sender!r} has no publish(event) method")
+        self.sample_rate_seconds = check_interval(sample_rate_seconds, "sample_rate_seconds")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise ValueError(f"rank must be a non-negative whole number or None, got {rank!r}")
+        self.backend_sender = backend_sender
+        self.rank = rank
+        self.sampler: StatsDict = {}
+        self.network_init: Dict | None = None
+        self._proc = psutil.Process(self.pid)
+        self._publisher = _Publisher(self)
+        self._monitor = Monitor(self.pid, interval=min(0.5, self.sample_rate_seconds),
+                                consumers=[self._publisher])
+        self.gpu_count: int = 0
+        self.published = 0
+
+    @property
+    def proc(self) -> psutil.Process:
+        """Returns the process corresponding to the parent's PID."""
+        return self._proc
+
+    @property
+    def monitor(self) -> Monitor:
+        """The nbmon engine underneath."""
+        return self._monitor
+
+    def start(self) -> None:
+        """Starts the monitor by launching a separate thread."""
+        monitor = self._monitor
+        if monitor.running:
+            return
+        monitor.start()
+        self.gpu_count = len(monitor.gpus.devices) if monitor.gpus else 0
+        self.network_init = None  # the first sample's counters, taken at the first publish
+        with self._publisher.lock:
+            self._publisher.window = monitor.store.open_window(time.monotonic())
+
+    def flush(self) -> None:
+        """Publishes the metrics gathered since the last publish."""
+        self._publish_period()
+
+    def _publish_period(self) -> None:
+        publisher = self._publisher
+        with publisher.lock:
+            window = publisher.window
+            if window is None:
+                return
+            stats, publisher.window = window.store.roll_window(window, time.monotonic())
+            if stats.count == 0:
+                return
+            if self.network_init is None:
+                self.network_init = {"sent": stats.value("first", "sys_net_sent_bytes"),
+                                     "recv": stats.value("first", "sys_net_recv_bytes")}
+            stats_dict = _stats_dict(stats, self.network_init, self.gpu_count)
+            if self.rank is not None:
+                stats_dict = {f"rank{self.rank}.{k}": v for k, v in stats_dict.items()}
+            self.sampler = stats_dict
+        self.backend_sender.publish(stats_dict)
+        self.published += 1
+
+    def shutdown(self) -> None:
+        """Closes the SystemMonitor's thread (bounded, even with a stuck sender)."""
+        self._monitor.stop()

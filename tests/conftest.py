@@ -1,0 +1,56 @@
+"""Shared fixtures: no test may leave an nbmon thread running, and a stand-in
+NVML library (compiled from tests/fake_nvml) under the real pynvml module."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from fake_nvml import CONFIG_ENV, FakeNVML, build, unload_from_pynvml
+
+
+def nbmon_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("nbmon-") and t.is_alive()]
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads(request):
+    """Fail any test that leaves an nbmon-* thread alive (after a bounded grace
+    period for threads that were told to stop). Tests that deliberately
+    abandon a stuck thread mark themselves with ``allow_stuck_thread``."""
+    before = set(nbmon_threads())
+    yield
+    if request.node.get_closest_marker("allow_stuck_thread"):
+        return
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        leaked = [t for t in nbmon_threads() if t not in before]
+        if not leaked:
+            return
+        time.sleep(0.02)
+    pytest.fail(f"test left threads running: {[t.name for t in leaked]}")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "allow_stuck_thread: the test abandons a stuck thread on purpose")
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_lib(tmp_path_factory) -> str:
+    return build(tmp_path_factory.mktemp("fake_nvml"))
+
+
+@pytest.fixture
+def fake_gpu(fake_nvml_lib, tmp_path, monkeypatch):
+    """A FakeNVML (no devices until the test calls .set) that nbmon's NVML
+    source loads through ``NBMON_NVML_LIBRARY``; NVML state is reset after."""
+    import nbmon.nvml
+
+    nbmon.nvml.shutdown()
+    fake = FakeNVML(tmp_path / "nvml.conf")
+    monkeypatch.setenv(CONFIG_ENV, str(fake.path))
+    monkeypatch.setenv("NBMON_NVML_LIBRARY", fake_nvml_lib)
+    yield fake
+    nbmon.nvml.shutdown()
+    unload_from_pynvml()
