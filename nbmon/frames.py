@@ -35,15 +35,29 @@ def _nan_aware(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
-def minmax_indices(values: np.ndarray, budget: int) -> np.ndarray | None:
-    """Indices (sorted, at most ``budget``) of each bucket's min and max, or
-    None when ``values`` already has at most ``budget`` points.
+def _block_minmax(block: np.ndarray, base: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """For a (rows, size) block of consecutive buckets starting at index
+    ``base``: each bucket's earlier and later index of its min and max."""
+    lo = block.argmin(axis=1)
+    hi = block.argmax(axis=1)
+    # argmin/argmax stop at the first NaN: redo only the rows that have one.
+    rows = np.arange(block.shape[0])
+    bad = np.isnan(block[rows, hi])
+    if bad.any():
+        lo[bad], hi[bad] = _nan_aware(block[bad])
+    starts = base + rows * size
+    return np.minimum(lo, hi) + starts, np.maximum(lo, hi) + starts
 
-    The series is cut into ``budget // 2`` buckets or fewer, of equal length
-    (the last may be shorter); each bucket contributes two indices, its
+
+def minmax_indices(values: np.ndarray, budget: int) -> np.ndarray | None:
+    """Indices (ascending, exactly ``budget`` rounded down to even) of each
+    bucket's min and max, or None when ``values`` has at most ``budget`` points.
+
+    The series is cut into ``budget // 2`` consecutive buckets whose lengths
+    differ by at most one; each bucket contributes two indices, its
     minimum's and its maximum's, earliest first (the same index twice for a
-    flat bucket or a single sample). NaN is ignored unless the whole bucket is
-    NaN, and then the bucket's first index stands for it (its value is NaN).
+    flat bucket). NaN is ignored unless the whole bucket is NaN, and then the
+    bucket's first index stands for it (its value is NaN).
     """
     budget = _check_budget(budget)
     values = np.asarray(values)
@@ -51,28 +65,15 @@ def minmax_indices(values: np.ndarray, budget: int) -> np.ndarray | None:
     if n <= budget:
         return None
     buckets = budget // 2
-    size = -(-n // buckets)              # ceil: at most `buckets` buckets
-    full = n // size
-    body = values[:full * size].reshape(full, size)
-    lo = body.argmin(axis=1)
-    hi = body.argmax(axis=1)
-    # argmin/argmax stop at the first NaN: redo only the rows that have one.
-    rows = np.arange(full)
-    bad = np.isnan(body[rows, hi])
-    if bad.any():
-        lo[bad], hi[bad] = _nan_aware(body[bad])
-    starts = rows * size
-    first = np.minimum(lo, hi) + starts
-    second = np.maximum(lo, hi) + starts
-    tail = n - full * size
-    if tail:
-        tlo, thi = _nan_aware(values[full * size:].reshape(1, tail))
-        base = full * size
-        first = np.append(first, base + min(tlo[0], thi[0]))
-        second = np.append(second, base + max(tlo[0], thi[0]))
-    out = np.empty(2 * first.shape[0], dtype=np.intp)
-    out[0::2] = first
-    out[1::2] = second
+    size, longer = divmod(n, buckets)    # `longer` buckets of size+1, then size
+    split = longer * (size + 1)
+    parts = []
+    if longer:
+        parts.append(_block_minmax(values[:split].reshape(longer, size + 1), 0, size + 1))
+    parts.append(_block_minmax(values[split:].reshape(buckets - longer, size), split, size))
+    out = np.empty(2 * buckets, dtype=np.intp)
+    out[0::2] = np.concatenate([p[0] for p in parts])
+    out[1::2] = np.concatenate([p[1] for p in parts])
     return out
 
 

@@ -100,3 +100,47 @@ class Meter(anywidget.AnyWidget):
         with self.hold_sync(), self.hold_trait_notifications():
             for name, value in coerced.items():
                 setattr(self, name, value)
+
+
+class MeterFeed:
+    """Feeds a Meter from a monitor's newest sample a few times a second, from
+    a thread named ``nbmon-meter`` that only sets traits (widgets are made and
+    displayed on the main thread by the caller)."""
+
+    def __init__(self, meter: Meter, monitor, hz: float = 4.0):
+        import threading
+
+        self.meter = meter
+        self.monitor = monitor
+        self.period = 1.0 / hz
+        self.t0 = monitor.clock()
+        self.errors = 0
+        self._stop = threading.Event()
+        gpus = monitor.gpus.devices if monitor.gpus else []
+        meter.gpu_count = len(gpus)
+        self._thread = threading.Thread(target=self._run, name="nbmon-meter", daemon=True)
+        self._thread.start()
+
+    def values(self) -> dict[str, Any]:
+        latest = self.monitor.latest()
+        return {
+            "elapsed_s": self.monitor.clock() - self.t0,
+            "cpu_percent": latest.get("proc_cpu_percent"),
+            "rss_mb": latest.get("proc_rss_mb"),
+            "ram_total_mb": latest.get("sys_mem_total_mb"),
+            "gpu_util_percent": latest.get("gpu_util_percent"),
+            "gpu_mem_mb": latest.get("gpu_proc_mem_mb"),
+        }
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.meter.update_from(self.values())
+            except Exception:  # a closed comm must not end in a traceback on stderr
+                self.errors += 1
+
+    def finish(self, status: str) -> None:
+        """Stop the thread (bounded) and show the final values with ``status``."""
+        self._stop.set()
+        self._thread.join(self.period + 0.1)
+        self.meter.update_from({**self.values(), "status": status})

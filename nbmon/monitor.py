@@ -232,10 +232,19 @@ class Monitor:
         return summarize(self._run_window.stats(), peak_exact=self.peak_exact)
 
     def window(self) -> "Span":
-        """Open a span whose summary covers only the samples taken from now on."""
+        """Open a span whose summary covers only what happens from now on.
+
+        A sample is taken at once (and another at ``close()``), so even a
+        span shorter than the interval has exact figures: its start RSS for
+        the growth, and the kernel's peak since its start."""
         if self.store is None:
             raise RuntimeError("the monitor has not been started")
-        return Span(self, self.store.open_window(self.clock()))
+        taken = self._sampler is not None and self._sampler.sample_now()
+        return Span(self, self.store.open_window(self.clock(), baseline=taken))
+
+    def sample_now(self) -> bool:
+        """Take one sample now, from the calling thread; False if not running."""
+        return self._sampler is not None and self._sampler.sample_now()
 
     def latest(self) -> dict[str, float]:
         return self.store.latest() if self.store else {}
@@ -253,6 +262,8 @@ class Span:
         return summarize(self.window.stats(), peak_exact=self.monitor.peak_exact)
 
     def close(self) -> ResourceSummary:
+        if self.window.closed is None:
+            self.monitor.sample_now()
         self.window.close()
         return self.summary()
 

@@ -40,7 +40,7 @@ class _LinuxProc:
     """Kept-open /proc descriptors of one process of the tree."""
 
     __slots__ = ("pid", "parent", "stat_fd", "statm_fd", "children_fd", "clock",
-                 "cpu_s", "threads", "rss_pages", "read_bytes", "write_bytes")
+                 "own_s", "children_s", "threads", "rss_pages", "read_bytes", "write_bytes")
 
     def __init__(self, pid: int, parent: int | None):
         self.pid = pid
@@ -59,27 +59,35 @@ class _LinuxProc:
         except OSError:
             self.children_fd = -1
         self.clock = _cpu_clock_id(pid)
-        self.cpu_s = 0.0
+        self.own_s = self.children_s = 0.0
         self.threads = 0.0
         self.rss_pages = 0.0
         self.read_bytes = NAN
         self.write_bytes = NAN
 
-    def read(self, tick_s: float) -> None:
-        """Refresh CPU, threads and RSS; raises OSError once the process is gone."""
-        # The stat fd stays bound to this process even if its pid is reused,
-        # so a successful read proves the clock below still belongs to it.
+    @property
+    def cpu_s(self) -> float:
+        return self.own_s + self.children_s
+
+    def read(self) -> None:
+        """Refresh own CPU and RSS; raises OSError once the process is gone."""
+        try:
+            self.own_s = time.clock_gettime_ns(self.clock) * 1e-9
+        except OSError:  # a zombie has no clock left: read_stat() keeps its final times
+            pass
+        # The statm fd is bound to this process even if its pid is reused: a
+        # successful read after the clock proves the clock was this process's.
+        self.rss_pages = float(os.pread(self.statm_fd, 256, 0).split(b" ", 2)[1])
+
+    def read_stat(self, tick_s: float) -> None:
+        """Refresh threads and the CPU of reaped children (cutime + cstime),
+        which only change when a child is reaped: read on a cadence."""
         stat = os.pread(self.stat_fd, 1024, 0)
         fields = stat[stat.rindex(b")") + 2:].split(b" ", 20)
-        children_s = (int(fields[13]) + int(fields[14])) * tick_s  # cutime + cstime
+        self.children_s = (int(fields[13]) + int(fields[14])) * tick_s
         self.threads = float(fields[17])
-        try:
-            own_s = time.clock_gettime_ns(self.clock) * 1e-9
-        except OSError:  # a zombie has no clock left; its stat times are final
-            own_s = (int(fields[11]) + int(fields[12])) * tick_s
-        self.cpu_s = own_s + children_s
-        statm = os.pread(self.statm_fd, 256, 0)
-        self.rss_pages = float(statm.split(b" ", 2)[1])
+        if fields[0] == b"Z":
+            self.own_s = (int(fields[11]) + int(fields[12])) * tick_s
 
     def read_io(self) -> None:
         try:
@@ -126,21 +134,25 @@ class ProcessTree:
     CPU time counts every process of the tree, including time a child used
     before it was discovered and children that already exited and were reaped
     by a tree member (the kernel moves their time into the parent's
-    cutime/cstime). The root's peak RSS is the kernel's exact high-water mark
-    (VmHWM, reset through /proc/<pid>/clear_refs every sample), so a spike
-    shorter than the interval is still caught; ``peak_exact`` says whether
-    that worked or peaks are sampled.
+    cutime/cstime).
+
+    Every sample reads each process's CPU clock and RSS, and the root's
+    reaped-children time. Slower-moving figures are refreshed every
+    ``slow_every_s`` and at :meth:`boundary`: a full walk for new children,
+    threads, I/O, and the root's exact peak RSS -- the kernel's high-water mark
+    (VmHWM, reset through /proc/<pid>/clear_refs after each read), so a spike
+    shorter than the interval is still caught, in the sample that reads it.
+    ``peak_exact`` says whether that works here or peaks are sampled.
     """
 
     fields = FIELDS
 
     def __init__(self, pid: int | None = None, *, children: bool = True,
-                 exact_peak: bool = True, discover_every_s: float = 1.0,
-                 io_every_s: float = 1.0, use_proc: bool | None = None):
+                 exact_peak: bool = True, slow_every_s: float = 1.0,
+                 use_proc: bool | None = None):
         self.pid = os.getpid() if pid is None else int(pid)
         self.children = children
-        self.discover_every_s = discover_every_s
-        self.io_every_s = io_every_s
+        self.slow_every_s = slow_every_s
         if use_proc is None:
             use_proc = sys.platform.startswith("linux") and os.path.exists(f"/proc/{self.pid}/stat")
         self._backend = _ProcBackend(self) if use_proc else _PsutilBackend(self)
@@ -150,6 +162,7 @@ class ProcessTree:
         self._last_t = NAN
         self._last_cpu_s = NAN
         self._start_cpu_s = NAN
+        self._last_slow_t = -math.inf
 
     @property
     def backend(self) -> str:
@@ -169,20 +182,27 @@ class ProcessTree:
         now = time.monotonic() if now is None else now
         self._backend.open()
         self.peak_exact = self._want_exact_peak and self._backend.reset_peak()
-        cpu_s = self._backend.refresh(now, discover=True, io=True)
-        self._last_t = now
+        cpu_s = self._backend.refresh(now, slow=True)
+        self._last_t = self._last_slow_t = now
         self._last_cpu_s = self._start_cpu_s = cpu_s
+
+    def boundary(self) -> None:
+        """Make the next sample a full one (exact peak read and reset), so that
+        a span starting or ending there has the exact peak of its own."""
+        self._last_slow_t = -math.inf
 
     def sample(self, now: float) -> tuple[float, ...]:
         b = self._backend
-        discover = self.children and now - b.last_discovery >= self.discover_every_s
-        cpu_s = b.refresh(now, discover=discover, io=now - b.last_io >= self.io_every_s)
+        slow = now - self._last_slow_t >= self.slow_every_s
+        if slow:
+            self._last_slow_t = now
+        cpu_s = b.refresh(now, slow=slow)
         dt = now - self._last_t
         cpu_percent = max(0.0, (cpu_s - self._last_cpu_s) / dt * 100.0) if dt > 0 else NAN
         self._last_t, self._last_cpu_s = now, cpu_s
         rss_mb = b.rss_mb()
         peak_mb = rss_mb
-        if self.peak_exact:
+        if slow and self.peak_exact:
             root_peak = b.root_peak_mb()
             if root_peak == root_peak:  # not NaN
                 peak_mb = max(rss_mb, rss_mb - b.root_rss_mb() + root_peak)
@@ -204,9 +224,8 @@ class _ProcBackend:
         self.tree = tree
         self.procs: dict[int, _LinuxProc] = {}
         self.retained_cpu_s = 0.0   # CPU of gone processes that no tree member reaped
-        self.last_discovery = -math.inf
-        self.last_io = -math.inf
         self.root_alive = False
+        self.root_is_self = tree.pid == os.getpid()
         self.tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
         self.page_mb = os.sysconf("SC_PAGE_SIZE") / MIB
         self._status_fd = -1
@@ -252,24 +271,32 @@ class _ProcBackend:
         root = self.procs.get(self.tree.pid)
         return root.rss_pages * self.page_mb if root else 0.0
 
-    def refresh(self, now: float, *, discover: bool, io: bool) -> float:
+    def refresh(self, now: float, *, slow: bool) -> float:
+        tick_s, root = self.tick_s, self.tree.pid
         gone = []
         for proc in list(self.procs.values()):
             try:
-                proc.read(self.tick_s)
+                if slow:
+                    proc.read_stat(tick_s)
+                elif proc.pid == root:
+                    # Children the root reaps show up in its cutime at once
+                    # (short-lived ones are never seen themselves).
+                    if self.root_is_self:
+                        t = os.times()  # this process: no /proc read needed
+                        proc.children_s = t.children_user + t.children_system
+                    else:
+                        proc.read_stat(tick_s)
+                proc.read()
             except OSError:
                 gone.append(proc)
         for proc in gone:
             self._forget(proc)
         if self.tree.children and self.procs:
-            self._find_children(thorough=discover)
-            if discover:
-                self.last_discovery = now
-        if io:
+            self._find_children(thorough=slow)
+        if slow:
             for proc in self.procs.values():
                 proc.read_io()
-            self.last_io = now
-        return self.retained_cpu_s + sum(p.cpu_s for p in self.procs.values())
+        return self.retained_cpu_s + sum(p.own_s + p.children_s for p in self.procs.values())
 
     def _forget(self, proc: _LinuxProc) -> None:
         del self.procs[proc.pid]
@@ -277,10 +304,15 @@ class _ProcBackend:
         self.tree.gone += 1
         if proc.pid == self.tree.pid:
             self.root_alive = False
-        # A child reaped by a live tree member shows up in that member's
-        # cutime/cstime; anyone else's reaping would lose its time.
-        if proc.parent not in self.procs:
-            self.retained_cpu_s += proc.cpu_s
+        parent = self.procs.get(proc.parent)
+        try:
+            if parent is not None:
+                # Reaped by a live tree member: its time moved to the parent's cutime.
+                parent.read_stat(self.tick_s)
+                return
+        except OSError:
+            pass
+        self.retained_cpu_s += proc.cpu_s
 
     def _find_children(self, thorough: bool) -> None:
         known = self.procs
@@ -296,7 +328,8 @@ class _ProcBackend:
                     continue
                 try:
                     child = _LinuxProc(pid, parent.pid)
-                    child.read(self.tick_s)
+                    child.read_stat(self.tick_s)
+                    child.read()
                 except OSError:  # exited between the listing and the open
                     continue
                 child.read_io()
@@ -339,8 +372,6 @@ class _PsutilBackend:
         self.parents: dict[int, int] = {}
         self.values: dict[int, tuple] = {}   # pid -> (cpu_s, rss_bytes, threads, read, write)
         self.retained_cpu_s = 0.0
-        self.last_discovery = -math.inf
-        self.last_io = -math.inf
         self.root_alive = False
 
     def pids(self) -> tuple[int, ...]:
@@ -357,10 +388,9 @@ class _PsutilBackend:
     def reset_peak(self) -> bool:
         return False
 
-    def refresh(self, now: float, *, discover: bool, io: bool) -> float:
+    def refresh(self, now: float, *, slow: bool) -> float:
         ps = self.psutil
-        if discover and self.tree.children:
-            self.last_discovery = now
+        if slow and self.tree.children:
             try:
                 for child in self.procs[self.tree.pid].children(recursive=True):
                     if child.pid not in self.procs:
@@ -368,15 +398,13 @@ class _PsutilBackend:
                         self.parents[child.pid] = child.ppid()
             except (ps.NoSuchProcess, ps.AccessDenied, KeyError):
                 pass
-        if io:
-            self.last_io = now
         for pid, proc in list(self.procs.items()):
             try:
                 with proc.oneshot():
                     t = proc.cpu_times()
                     old = self.values.get(pid)
                     rw = (NAN, NAN)
-                    if io:
+                    if slow:
                         try:
                             c = proc.io_counters()
                             rw = (float(c.read_bytes), float(c.write_bytes))

@@ -65,6 +65,8 @@ class Sampler:
         self.t_start = NAN
         self.fields: tuple[str, ...] = ()
         self._stop = event()
+        # Serialises the thread's samples with sample_now(): sources are not thread-safe.
+        self._step_lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._slices: list[tuple[object, slice]] = []
 
@@ -120,9 +122,25 @@ class Sampler:
 
     def step(self, now: float) -> None:
         """Take one sample at ``now`` and hand it to the sink."""
-        row = self.read(now)
-        if not self._stop.is_set():
-            self.sink(now, self.wall(), row)
+        with self._step_lock:
+            row = self.read(now)
+            if not self._stop.is_set():
+                self.sink(now, self.wall(), row)
+
+    def sample_now(self) -> bool:
+        """Take one extra sample from the calling thread (at a cell's start or
+        end, say); False if the thread holds the sources for over an interval."""
+        if not self.running or not self._step_lock.acquire(timeout=self.interval):
+            return False
+        try:
+            for source in self.sources:
+                boundary = getattr(source, "boundary", None)
+                if boundary is not None:  # e.g. read the exact peak at this very sample
+                    boundary()
+            self.step(self.clock())  # re-entrant: the lock is an RLock
+        finally:
+            self._step_lock.release()
+        return True
 
     def read(self, now: float) -> np.ndarray:
         values: list = []

@@ -245,9 +245,16 @@ class Store:
         self._cn = 2 * pairs + rest
 
     # -- windows ---------------------------------------------------------
-    def open_window(self, t_open: float = NAN) -> Window:
+    def open_window(self, t_open: float = NAN, *, baseline: bool = False) -> Window:
+        """Start aggregating from the next sample. With ``baseline``, the newest
+        sample held gives the window's first values (so growth counts from it)
+        and its time is ``t_open``."""
         with self._lock:
             window = Window(self, t_open, self.seq)
+            if baseline and self._n:
+                i = (self._head + self._n - 1) % self.capacity
+                window.folded.first = self._data[:, i].copy()
+                window.folded.t_open = window.folded.t_prev = float(self._t[i])
             self._windows.append(window)
             return window
 

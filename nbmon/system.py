@@ -1,9 +1,10 @@
 """Whole-machine figures: CPU, memory, swap, disk, network, load.
 
-CPU and memory are read every sample (on Linux from /proc/stat and
-/proc/meminfo through kept-open descriptors). Swap, disk, network and load
-change slowly or are cumulative counters, so they are refreshed on a cadence
-(``slow_every_s``) and held in between; rates are per second over that cadence.
+CPU is read every sample (on Linux from /proc/stat through a kept-open
+descriptor). Memory, swap, disk, network and load are refreshed on a cadence
+(``slow_every_s``, default 1 s) and held in between: machine-wide memory
+moves slowly next to a process tree's, and /proc/meminfo would cost about as
+much as the whole CPU read. Rates are per second over that cadence.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ FIELDS = (
     "sys_load1",
 )
 
-_SLOW = FIELDS.index("sys_swap_used_mb")
+_SLOW = FIELDS.index("sys_mem_used_mb")
 
 
 class System:
@@ -103,6 +104,8 @@ class System:
                          float(sum(n.bytes_recv for name, n in nics.items() if name != "lo"))]
         except Exception:
             counters += [NAN, NAN]
+        mem_total, mem_avail, swap_used = self._memory_mb()
+        used = mem_total - mem_avail
         dt = now - self._last_slow_t
         if self._last_counters is not None and dt > 0:
             rates = [(new - old) / dt for new, old in zip(counters, self._last_counters)]
@@ -118,7 +121,8 @@ class System:
             load1 = NAN
         self._last_counters = tuple(counters)
         self._last_slow_t = now
-        self._slow = (NAN, disk_percent, counters[0], counters[1], rates[0], rates[1],
+        self._slow = (used, mem_avail, mem_total, used / mem_total * 100.0, swap_used, disk_percent,
+                      counters[0], counters[1], rates[0], rates[1],
                       counters[2], counters[3], rates[2], rates[3], load1)
 
     def sample(self, now: float) -> tuple[float, ...]:
@@ -128,11 +132,9 @@ class System:
         # Without a tick elapsed, keep the baseline so the next sample spans both intervals.
         if d_total > 0:
             self._cpu_busy, self._cpu_total = busy, total
-        mem_total, mem_avail, swap_used = self._memory_mb()
         if now - self._last_slow_t >= self.slow_every_s:
             self._refresh_slow(now)
-        used = mem_total - mem_avail
-        return (cpu, used, mem_avail, mem_total, used / mem_total * 100.0, swap_used) + self._slow[1:]
+        return (cpu,) + self._slow
 
     def close(self) -> None:
         for fd in (self._stat_fd, self._meminfo_fd):

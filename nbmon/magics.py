@@ -1,0 +1,258 @@
+"""``%resmon`` / ``%%resmon``: the IPython face of nbmon.
+
+The only module that imports IPython. Widgets are created and displayed on
+the main thread; background threads only set traits.
+"""
+from __future__ import annotations
+
+import ast
+import math
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import HTML, display
+
+from .monitor import check_interval
+from .session import DEFAULT_INTERVAL, SESSION, cell_html, one_line
+
+SUBCOMMANDS = ("start", "stop", "status", "summary", "auto")
+
+
+def _seconds(text: str | None, name: str, default: float, *, zero_ok: bool = False) -> float:
+    if text is None:
+        return default
+    if zero_ok:  # --threshold 0 means every cell; intervals and windows must stay positive
+        try:
+            if float(text) == 0:
+                return 0.0
+        except ValueError:
+            pass  # check_interval names the bad value
+    try:
+        return check_interval(text, name)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+@magics_class
+class ResmonMagics(Magics):
+    def __init__(self, shell):
+        super().__init__(shell)
+        self.dashboards: list = []   # (Dashboard, display handle)
+        self.auto_threshold_s: float | None = None
+        self._auto_cell = None
+
+    @magic_arguments()
+    @argument("subcommand", nargs="?", default="start",
+              help="line magic: start (default), stop, status, summary, or auto on|off")
+    @argument("value", nargs="?", help="on or off, for auto")
+    @argument("--interval", metavar="S", help=f"seconds between samples (default {DEFAULT_INTERVAL})")
+    @argument("--window", metavar="S", help="seconds shown by the live dashboard (default 600)")
+    @argument("--threshold", metavar="S", help="auto mode: only summarise cells longer than this (default 1)")
+    @argument("--no-gpu", action="store_true", help="do not read NVIDIA GPUs")
+    @argument("--no-children", action="store_true", help="only the kernel process, not its children")
+    @argument("--no-system", action="store_true", help="no machine-wide figures")
+    @argument("--label", default="", help="cell magic: a name for this cell in nbmon.history()")
+    @argument("--quiet", action="store_true", help="cell magic: no live meter and no summary output")
+    @argument("-o", "--output", action="store_true",
+              help="cell magic: return the ResourceSummary (like %%timeit -o) instead of the cell's value")
+    @line_cell_magic
+    def resmon(self, line: str = "", cell: str | None = None):
+        """Monitor the kernel's CPU, memory and GPU.
+
+        %resmon [start]   start monitoring (if not running) and show a live dashboard
+        %resmon stop      stop; the dashboards freeze into a static record
+        %resmon status    what is running, faults, GPU state
+        %resmon summary   the ResourceSummary since start
+        %resmon auto on   summarise every cell over --threshold seconds (auto off to stop)
+        %%resmon          run the cell and show its ResourceSummary
+        """
+        args = parse_argstring(self.resmon, line)
+        interval = _seconds(args.interval, "--interval", DEFAULT_INTERVAL)
+        if cell is not None:
+            if args.subcommand != "start" or args.value:
+                raise UsageError(f"%%resmon takes options only, not {args.subcommand!r}")
+            return self._run_cell(cell, interval, args)
+        if args.subcommand not in SUBCOMMANDS:
+            raise UsageError(f"unknown %resmon subcommand {args.subcommand!r}; "
+                             f"use one of: {', '.join(SUBCOMMANDS)}")
+        if args.subcommand == "auto":
+            return self._auto(args.value, _seconds(args.threshold, "--threshold", 1.0, zero_ok=True), interval)
+        if args.value:
+            raise UsageError(f"%resmon {args.subcommand} takes no value, got {args.value!r}")
+        if args.subcommand == "start":
+            window = _seconds(args.window, "--window", 600.0)
+            if window < interval:
+                raise UsageError(f"--window ({window:g} s) must be at least --interval ({interval:g} s)")
+            return self._start(interval, window, args)
+        if args.subcommand == "stop":
+            return self.stop()
+        if args.subcommand == "status":
+            print(self.status())
+            return None
+        return SESSION.monitor.summary() if SESSION.monitor else None
+
+    # -- line magic ------------------------------------------------------
+    def _start(self, interval: float, window: float, args) -> None:
+        from .live import Dashboard
+
+        monitor = SESSION.monitor
+        if monitor is not None and monitor.running:
+            if args.interval is not None and interval != monitor.interval:
+                print(f"nbmon: already sampling every {monitor.interval:g} s; "
+                      f"%resmon stop first to change the interval")
+        else:
+            monitor, _ = SESSION.ensure_monitor(interval, gpu=not args.no_gpu,
+                                                children=not args.no_children,
+                                                system=not args.no_system)
+        dashboard = Dashboard(monitor, window_s=window)
+        handle = display(dashboard.widget, display_id=True)
+        self.dashboards.append((dashboard, handle))
+
+    def stop(self) -> None:
+        """Stop monitoring; each dashboard is replaced by its static record."""
+        self._auto("off", 1.0, DEFAULT_INTERVAL, quiet=True)
+        summary = SESSION.stop()
+        for dashboard, handle in self.dashboards:
+            record = dashboard.freeze()
+            if handle is not None:
+                handle.update(HTML(record))
+        self.dashboards.clear()
+        if summary is not None:
+            display(summary)
+
+    def status(self) -> str:
+        monitor = SESSION.monitor
+        if monitor is None:
+            return "nbmon: not started (%resmon to start)"
+        lines = [f"nbmon: {'running' if monitor.running else 'stopped'}, every {monitor.interval:g} s, "
+                 f"{monitor.store.seq if monitor.store else 0} samples, pid {monitor.pid}",
+                 f"peak RSS: {'exact (kernel high-water mark)' if monitor.peak_exact else 'sampled'}",
+                 f"GPU: {monitor.gpu_state}",
+                 f"auto: {'on' if self.auto_threshold_s is not None else 'off'}",
+                 f"cells in history: {len(SESSION.records)}"]
+        for fault in monitor.faults.values():
+            lines.append(f"fault: {fault.source} failed {fault.count} time(s), first: {fault.first_error}")
+        return "\n".join(lines)
+
+    # -- cell magic ------------------------------------------------------
+    def _run_cell(self, cell: str, interval: float, args):
+        from .meter import Meter, MeterFeed
+
+        shell = self.shell
+        record = handle = None
+        try:
+            with SESSION.cell(label=args.label, execution_count=shell.execution_count, interval=interval,
+                              keep_running=self.auto_threshold_s is not None) as record:
+                feed = None
+                if not args.quiet:
+                    meter = Meter(label=args.label or f"cell {shell.execution_count}")
+                    handle = display(meter, display_id=True)
+                    feed = MeterFeed(meter, record["span"].monitor)
+                try:
+                    value = self._execute(cell)
+                except KeyboardInterrupt:
+                    record["status"] = "interrupted"
+                    raise
+                except BaseException:
+                    record["status"] = "failed"
+                    raise
+                finally:
+                    if feed is not None:
+                        feed.finish("done" if record["status"] == "ok" else record["status"])
+                        feed.meter.close()
+        finally:
+            # Shown on failure too; the exception then propagates unchanged.
+            if record is not None and "summary" in record:
+                self._show_cell(record, handle, args.quiet)
+        return record["summary"] if args.output else value
+
+    def _show_cell(self, record, handle, quiet) -> None:
+        if quiet:
+            return
+        html = HTML(cell_html(record, SESSION.monitor))
+        if handle is not None:
+            handle.update(html)  # the static record replaces the live meter in the saved notebook
+        else:
+            display(html)
+
+    def _execute(self, cell: str):
+        """Run the cell in the user namespace; return its last expression's value."""
+        shell = self.shell
+        tree = shell.compile.ast_parse(shell.transform_cell(cell))
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        ns = shell.user_ns
+        exec(shell.compile(tree, "<resmon-cell>", "exec"), ns)
+        if last is not None:
+            return eval(shell.compile(ast.Expression(last.value), "<resmon-cell>", "eval"), ns)
+        return None
+
+    # -- auto mode -------------------------------------------------------
+    def _auto(self, value: str | None, threshold: float, interval: float, quiet: bool = False) -> None:
+        events = self.shell.events
+        if value == "on":
+            if self.auto_threshold_s is None:
+                events.register("pre_run_cell", self._pre_run_cell)
+                events.register("post_run_cell", self._post_run_cell)
+            self.auto_threshold_s = threshold
+            SESSION.ensure_monitor(interval)
+            if not quiet:
+                print(f"nbmon: auto on, summarising cells longer than {threshold:g} s")
+        elif value == "off":
+            if self.auto_threshold_s is not None:
+                events.unregister("pre_run_cell", self._pre_run_cell)
+                events.unregister("post_run_cell", self._post_run_cell)
+                self.auto_threshold_s = None
+                if self._auto_cell is not None:
+                    # This cell's post_run hook is gone: close its span here, or it stays open for good.
+                    cell, self._auto_cell = self._auto_cell, None
+                    cell.__exit__(None, None, None)
+                if not quiet:
+                    print("nbmon: auto off")
+        else:
+            raise UsageError(f"%resmon auto takes on or off, got {value!r}")
+
+    def _pre_run_cell(self, info) -> None:
+        if info.raw_cell.lstrip().startswith("%%resmon"):
+            self._auto_cell = None  # the cell magic summarises it already
+            return
+        self._auto_cell = SESSION.cell(execution_count=self.shell.execution_count, keep_running=True)
+        self._auto_record = self._auto_cell.__enter__()
+
+    def _post_run_cell(self, result) -> None:
+        if self._auto_cell is None:
+            return
+        cell, record = self._auto_cell, self._auto_record
+        self._auto_cell = None
+        error = result.error_in_exec or result.error_before_exec
+        if error is not None:
+            record["status"] = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        cell.__exit__(None, None, None)
+        summary = record["summary"]
+        if summary.duration_sec >= (self.auto_threshold_s or 0.0) and not math.isnan(summary.duration_sec):
+            display(HTML(f'<div class="nbmon-oneline" style="font:12px system-ui;color:#555">'
+                         f'{one_line(record)}</div>'))
+
+    def close(self) -> None:
+        self._auto("off", 1.0, DEFAULT_INTERVAL, quiet=True)
+        if (SESSION.monitor is not None and SESSION.monitor.running) or self.dashboards:
+            self.stop()
+
+
+_loaded: dict[int, ResmonMagics] = {}
+
+
+def load(ipython) -> None:
+    if id(ipython) in _loaded:
+        return
+    magics = ResmonMagics(ipython)
+    ipython.register_magics(magics)
+    _loaded[id(ipython)] = magics
+
+
+def unload(ipython) -> None:
+    magics = _loaded.pop(id(ipython), None)
+    if magics is not None:
+        magics.close()
+        ipython.magics_manager.magics["line"].pop("resmon", None)
+        ipython.magics_manager.magics["cell"].pop("resmon", None)

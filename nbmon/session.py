@@ -1,0 +1,104 @@
+"""The kernel's monitoring session: one monitor, the per-cell history, the
+last cell's summary. No IPython here, so scripts can read the history too.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from .export import history_frame, samples_frame
+from .monitor import Monitor, check_interval
+from .render import fmt_mib, fmt_percent, fmt_seconds, html_table, svg_timeline
+from .summary import ResourceSummary
+
+DEFAULT_INTERVAL = 0.1
+
+
+class Session:
+    def __init__(self):
+        self.monitor: Monitor | None = None
+        self.records: list[dict] = []
+        self.last: ResourceSummary | None = None
+
+    def ensure_monitor(self, interval: float = DEFAULT_INTERVAL, *, gpu: bool = True,
+                       children: bool = True, system: bool = True) -> tuple[Monitor, bool]:
+        """The running monitor, starting one if needed; the flag says whether
+        this call started it."""
+        if self.monitor is not None and self.monitor.running:
+            return self.monitor, False
+        self.monitor = Monitor(interval=check_interval(interval), gpu=gpu, children=children,
+                               system=system)
+        self.monitor.start()
+        return self.monitor, True
+
+    @contextmanager
+    def cell(self, *, label: str = "", execution_count=None, interval: float = DEFAULT_INTERVAL,
+             keep_running: bool = False):
+        """Monitor one cell: yields a dict that gets ``status`` (default
+        'ok'), and on exit gains ``summary`` and joins the history."""
+        monitor, started = self.ensure_monitor(interval)
+        span = monitor.window()
+        record = {"execution_count": execution_count, "label": label, "start_time": time.time(),
+                  "status": "ok", "span": span, "t_open": span.t_open}
+        try:
+            yield record
+        finally:
+            summary = span.close()
+            if started and not keep_running:
+                monitor.stop()
+            record.pop("span")
+            record["summary"] = summary
+            record["duration_sec"] = summary.duration_sec
+            self.records.append(record)
+            self.last = summary
+
+    def stop(self) -> ResourceSummary | None:
+        if self.monitor is None:
+            return None
+        self.monitor.stop()
+        return self.monitor.summary()
+
+
+SESSION = Session()
+
+
+def history():
+    """pandas DataFrame, one row per monitored cell: execution_count, label,
+    start_time (UTC), duration_sec, status ('ok', 'failed', 'interrupted'),
+    then the ResourceSummary fields (units in their names: _mb is MiB)."""
+    return history_frame(SESSION.records)
+
+
+def samples():
+    """pandas DataFrame of the current (or last) monitor's samples, indexed by
+    UTC time; one column per metric, units in the names."""
+    return samples_frame(SESSION.monitor.store if SESSION.monitor else None)
+
+
+def last_summary() -> ResourceSummary | None:
+    """The ResourceSummary of the last monitored cell (None before any)."""
+    return SESSION.last
+
+
+def cell_html(record: dict, monitor: Monitor | None) -> str:
+    """The static record of one cell: summary table plus SVG timeline."""
+    s: ResourceSummary = record["summary"]
+    status = record["status"]
+    title = "nbmon" + (f" · {record['label']}" if record["label"] else "")
+    if status != "ok":
+        title += f" · {status}"
+    timeline = ""
+    if monitor is not None and monitor.store is not None and s.num_samples > 1:
+        t, _, cols = monitor.store.series(["proc_cpu_percent", "proc_rss_mb"],
+                                          t_from=record["t_open"])
+        timeline = svg_timeline(t, {"CPU": (cols["proc_cpu_percent"], " %"),
+                                    "RSS": (cols["proc_rss_mb"], " MiB")})
+    return html_table(title, s.rows(), status=status, extra=timeline)
+
+
+def one_line(record: dict) -> str:
+    s: ResourceSummary = record["summary"]
+    return (f"nbmon: {fmt_seconds(s.duration_sec)} · peak RSS {fmt_mib(s.peak_rss_mb)} · "
+            f"CPU {fmt_percent(s.mean_cpu_percent)}"
+            + (f" · GPU {fmt_percent(s.mean_gpu_util)}" if s.mean_gpu_util is not None else "")
+            + ("" if record["status"] == "ok" else f" · {record['status']}"))

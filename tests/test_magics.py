@@ -1,0 +1,404 @@
+"""``%resmon`` / ``%%resmon`` through a real IPython shell (IPython's own test
+shell, as anywidget's tests use): namespaces, return values, history, outputs,
+the monitor's threads, auto mode, unloading, and misuse."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pandas as pd
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
+
+import nbmon
+import nbmon.magics
+from nbmon.session import SESSION
+from nbmon.summary import ResourceSummary
+
+MIB = 2**20
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def thread_names(prefix: str = "nbmon-") -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive())
+
+
+def count(name: str) -> int:
+    return thread_names().count(name)
+
+
+def wait_until(predicate, timeout: float = 10.0, what: str = "condition"):
+    """Bounded poll: the predicate's value once truthy, else fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def html_of(output) -> str:
+    return output.data.get("text/html", "") if isinstance(output.data, dict) else ""
+
+
+def rows() -> int:
+    return len(nbmon.history())
+
+
+@pytest.fixture(scope="module")
+def ipython():
+    return start_ipython()
+
+
+@pytest.fixture
+def ip(ipython):
+    """The shell with nbmon loaded and rich display formats on (as in a kernel);
+    afterwards nbmon is unloaded, which stops every nbmon thread."""
+    saved = list(ipython.display_formatter.active_types)
+    ipython.display_formatter.active_types = list(ipython.display_formatter.format_types)
+    with capture_output():
+        ipython.run_line_magic("load_ext", "nbmon")
+    yield ipython
+    with capture_output():
+        ipython.run_line_magic("unload_ext", "nbmon")
+    ipython.display_formatter.active_types = saved
+    for name in [k for k in ipython.user_ns if k.startswith("rm_")]:
+        del ipython.user_ns[name]
+    wait_until(lambda: not thread_names(), what="nbmon threads to end after unload")
+
+
+# -- %%resmon ------------------------------------------------------------------
+
+
+def test_cell_runs_in_user_namespace_and_returns_last_value(ip):
+    with capture_output():
+        assert ip.run_cell_magic("resmon", "", "rm_a = 21\nrm_b = rm_a * 2\nrm_b") == 42
+        assert ip.run_cell_magic("resmon", "", "6 * 7") == 42
+        # functions defined in the cell see the user namespace as their globals
+        code = "def rm_f():\n    return rm_a + rm_b\nrm_c = rm_f()\nrm_f() + 1"
+        assert ip.run_cell_magic("resmon", "", code) == 64
+        assert ip.run_cell_magic("resmon", "", "rm_d = rm_c") is None
+        # IPython syntax in the cell body works too
+        assert ip.run_cell_magic("resmon", "", "rm_e = !echo hi\nrm_e[0]") == "hi"
+    assert (ip.user_ns["rm_a"], ip.user_ns["rm_b"], ip.user_ns["rm_c"], ip.user_ns["rm_d"]) == (21, 42, 63, 63)
+    assert callable(ip.user_ns["rm_f"])
+
+
+def test_cell_adds_history_row_and_shows_summary_in_place_of_meter(ip):
+    before = rows()
+    with capture_output() as cap:
+        value = ip.run_cell_magic("resmon", "--label alloc",
+                                  "rm_buf = b'\\x01' * (100 * 2**20)\nlen(rm_buf)")
+    assert value == 100 * MIB
+
+    history = nbmon.history()
+    assert len(history) == before + 1
+    assert list(history.columns[:5]) == ["execution_count", "label", "start_time", "duration_sec", "status"]
+    for column in ("peak_rss_mb", "memory_growth_mb", "num_samples", "mean_cpu_percent"):
+        assert column in history.columns
+    row = history.iloc[-1]
+    assert row["label"] == "alloc"
+    assert row["status"] == "ok"
+    assert row["execution_count"] == ip.execution_count
+    assert isinstance(row["start_time"], pd.Timestamp) and str(row["start_time"].tz) == "UTC"
+    assert row["duration_sec"] > 0
+    assert row["memory_growth_mb"] >= 90, row["memory_growth_mb"]
+    assert row["peak_rss_mb"] >= 100
+
+    last = nbmon.last_summary()
+    assert isinstance(last, ResourceSummary)
+    assert last.duration_sec == row["duration_sec"]
+    assert last.peak_rss_mb == row["peak_rss_mb"]
+    assert last.memory_growth_mb == row["memory_growth_mb"]
+    assert last.num_samples == row["num_samples"]
+    assert last.mean_cpu_percent == row["mean_cpu_percent"]
+
+    # the live meter, then the static summary replacing it through the same display id
+    meter, summary = cap.outputs
+    assert WIDGET_MIME in meter.data and not meter.update
+    display_id = meter.transient["display_id"]
+    assert summary.update and summary.transient["display_id"] == display_id
+    html = html_of(summary)
+    assert 'class="nbmon-summary"' in html and 'data-status="ok"' in html
+    assert "alloc" in html and "Peak RSS" in html
+    assert cap.stdout == ""
+    del ip.user_ns["rm_buf"]
+
+
+def test_cell_starts_its_own_monitor_and_stops_it_afterwards(ip):
+    assert not thread_names()
+    with capture_output():
+        seen = ip.run_cell_magic("resmon", "--interval 0.05",
+                                 "import threading\n"
+                                 "from nbmon.session import SESSION as rm_s\n"
+                                 "(rm_s.monitor.interval, sorted(t.name for t in threading.enumerate()))")
+    interval, names = seen
+    assert interval == 0.05
+    assert "nbmon-sampler" in names and "nbmon-meter" in names
+    wait_until(lambda: not thread_names(), what="the cell's monitor and meter threads to end")
+
+
+def test_cell_inside_running_monitor_leaves_it_running(ip):
+    with capture_output():
+        ip.run_line_magic("resmon", "")
+        monitor = SESSION.monitor
+        ip.run_cell_magic("resmon", "--label inner", "rm_x = 1")
+    assert SESSION.monitor is monitor and monitor.running
+    assert count("nbmon-sampler") == 1
+    wait_until(lambda: count("nbmon-meter") == 0, what="the meter thread to end")
+
+
+def test_output_option_returns_the_summary(ip):
+    with capture_output():
+        result = ip.run_cell_magic("resmon", "-o", "rm_y = sum(range(1000))\nrm_y")
+    assert isinstance(result, ResourceSummary)
+    assert result == nbmon.last_summary()
+    assert ip.user_ns["rm_y"] == 499500
+
+
+def test_quiet_displays_nothing_but_records(ip):
+    before = rows()
+    with capture_output() as cap:
+        assert ip.run_cell_magic("resmon", "--quiet --label q", "7") == 7
+    assert cap.outputs == [] and cap.stdout == "" and cap.stderr == ""
+    assert rows() == before + 1
+    assert nbmon.history().iloc[-1]["label"] == "q"
+
+
+def test_failing_cell_reraises_unchanged_and_records_failed(ip):
+    before = rows()
+    with capture_output() as cap, pytest.raises(ZeroDivisionError, match="division by zero") as info:
+        ip.run_cell_magic("resmon", "--label boom", "rm_before = 1\n1/0")
+    assert type(info.value) is ZeroDivisionError
+    assert ip.user_ns["rm_before"] == 1
+    assert rows() == before + 1
+    assert nbmon.history().iloc[-1]["status"] == "failed"
+    assert 'data-status="failed"' in html_of(cap.outputs[-1])
+
+    # the very exception object the cell raised, not a wrapper
+    with capture_output(), pytest.raises(ValueError) as info:
+        ip.run_cell_magic("resmon", "", "rm_err = ValueError('mine')\nraise rm_err")
+    assert info.value is ip.user_ns["rm_err"]
+    assert nbmon.history().iloc[-1]["status"] == "failed"
+
+
+def test_keyboard_interrupt_reraises_and_records_interrupted(ip):
+    before = rows()
+    with capture_output() as cap, pytest.raises(KeyboardInterrupt):
+        ip.run_cell_magic("resmon", "--label stopped", "raise KeyboardInterrupt")
+    assert rows() == before + 1
+    row = nbmon.history().iloc[-1]
+    assert (row["label"], row["status"]) == ("stopped", "interrupted")
+    assert 'data-status="interrupted"' in html_of(cap.outputs[-1])
+    wait_until(lambda: not thread_names(), what="threads to end after an interrupted cell")
+
+
+# -- %resmon -------------------------------------------------------------------
+
+
+def test_line_magic_starts_one_monitor_and_stop_ends_every_thread(ip):
+    with capture_output() as cap:
+        ip.run_line_magic("resmon", "--interval 0.05")
+    assert count("nbmon-sampler") == 1 and count("nbmon-live") == 1
+    assert WIDGET_MIME in cap.outputs[0].data
+
+    with capture_output() as cap:
+        ip.run_line_magic("resmon", "")  # a second dashboard, the same monitor
+    assert count("nbmon-sampler") == 1 and count("nbmon-live") == 2
+
+    with capture_output() as cap:
+        ip.run_line_magic("resmon", "status")
+    assert cap.stdout.startswith("nbmon: running, every 0.05 s")
+    assert "GPU:" in cap.stdout
+
+    wait_until(lambda: SESSION.monitor.store.seq >= 3, what="three samples")
+    with capture_output():
+        summary = ip.run_line_magic("resmon", "summary")
+    assert isinstance(summary, ResourceSummary)
+    assert summary.num_samples >= 3 and summary.peak_rss_mb > 0
+
+    with capture_output() as cap:
+        ip.run_line_magic("resmon", "stop")
+    wait_until(lambda: not thread_names(), timeout=5.0, what="every nbmon thread to end after stop")
+    records = [o for o in cap.outputs if o.update]
+    assert len(records) == 2 and all("nbmon-live-record" in html_of(o) for o in records)
+    assert any("nbmon-summary" in html_of(o) for o in cap.outputs if not o.update)
+
+    with capture_output() as cap:
+        ip.run_line_magic("resmon", "status")
+    assert cap.stdout.startswith("nbmon: stopped")
+
+
+def test_samples_frame_round_trips_through_csv_and_parquet(ip, tmp_path):
+    with capture_output():
+        ip.run_line_magic("resmon", "--interval 0.05")
+    wait_until(lambda: SESSION.monitor.store.seq >= 5, what="five samples")
+    with capture_output():
+        ip.run_line_magic("resmon", "stop")
+
+    frame = nbmon.samples()
+    assert isinstance(frame, pd.DataFrame) and len(frame) >= 5
+    assert isinstance(frame.index, pd.DatetimeIndex)
+    assert frame.index.name == "time" and str(frame.index.tz) == "UTC"
+    assert frame.index.is_monotonic_increasing
+    for column in ("elapsed_s", "proc_cpu_percent", "proc_rss_mb"):
+        assert column in frame.columns
+
+    frame.to_csv(tmp_path / "s.csv")
+    back = pd.read_csv(tmp_path / "s.csv", index_col="time", parse_dates=["time"])
+    pd.testing.assert_frame_equal(back, frame, check_freq=False)
+
+    frame.to_parquet(tmp_path / "s.parquet")
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "s.parquet"), frame, check_freq=False)
+
+
+# -- auto mode and unloading ---------------------------------------------------
+
+
+def oneliners(cap) -> list[str]:
+    return [html_of(o) for o in cap.outputs if "nbmon-oneline" in html_of(o)]
+
+
+def test_auto_mode_records_every_cell_until_off(ip):
+    with capture_output() as cap:
+        ip.run_line_magic("resmon", "auto on --threshold 0")
+    assert "auto on" in cap.stdout
+    magics = nbmon.magics._loaded[id(ip)]
+    assert magics._post_run_cell in ip.events.callbacks["post_run_cell"]
+
+    before = rows()
+    with capture_output() as cap:
+        assert ip.run_cell("rm_s = sum(range(10**5))").success
+        assert ip.run_cell("rm_t = rm_s + 1").success
+        assert not ip.run_cell("1/0").success
+    assert ip.user_ns["rm_t"] == 4999950001
+    history = nbmon.history()
+    assert len(history) == before + 3
+    assert list(history["status"].iloc[-3:]) == ["ok", "ok", "failed"]
+    lines = oneliners(cap)
+    assert len(lines) == 3 and all("peak RSS" in line for line in lines)
+    assert "failed" in lines[-1]
+
+    # a %%resmon cell is summarised once, by the cell magic
+    before = rows()
+    with capture_output() as cap:
+        ip.run_cell("%%resmon --label own\nrm_u = 1")
+    assert rows() == before + 1 and nbmon.history().iloc[-1]["label"] == "own"
+    assert oneliners(cap) == []
+
+    with capture_output() as cap:
+        ip.run_cell("%resmon auto off")
+    assert "auto off" in cap.stdout
+    assert magics._post_run_cell not in ip.events.callbacks["post_run_cell"]
+    assert magics._pre_run_cell not in ip.events.callbacks["pre_run_cell"]
+    after_off = rows()
+    with capture_output() as cap:
+        ip.run_cell("rm_v = 2")
+        ip.run_cell("rm_w = 3")
+    assert rows() == after_off
+    assert oneliners(cap) == []
+    # the cell that turned auto off closed its own span: only the run's window stays open
+    assert SESSION.monitor.store._windows == [SESSION.monitor._run_window]
+
+
+def test_unload_removes_hooks_and_stops_every_thread(ip):
+    with capture_output():
+        ip.run_line_magic("resmon", "")
+        ip.run_line_magic("resmon", "auto on --threshold 0")
+        ip.run_cell("rm_z = 1")
+    magics = nbmon.magics._loaded[id(ip)]
+    assert thread_names()
+    assert magics._post_run_cell in ip.events.callbacks["post_run_cell"]
+
+    with capture_output():
+        ip.run_line_magic("unload_ext", "nbmon")
+    hooks = ip.events.callbacks["post_run_cell"] + ip.events.callbacks["pre_run_cell"]
+    assert not [cb for cb in hooks if isinstance(getattr(cb, "__self__", None), nbmon.magics.ResmonMagics)]
+    assert ip.find_line_magic("resmon") is None and ip.find_cell_magic("resmon") is None
+    wait_until(lambda: not thread_names(), timeout=5.0, what="every nbmon thread to end after unload")
+
+    before = rows()
+    with capture_output():
+        ip.run_cell("rm_z = 2")
+    assert rows() == before
+
+    with capture_output():  # and it loads again
+        ip.run_line_magic("load_ext", "nbmon")
+        assert ip.run_cell_magic("resmon", "--quiet", "rm_z + 1") == 3
+
+
+# -- misuse --------------------------------------------------------------------
+
+MISUSE = [
+    ("frobnicate", "frobnicate"),
+    ("--bogus", "--bogus"),
+    ("--interval 0", "0"),
+    ("--interval -1", "-1"),
+    ("--interval nan", "nan"),
+    ("--interval inf", "inf"),
+    ("--interval abc", "abc"),
+    ("--interval 1e9", "1000000000"),
+    ("--window 0.05 --interval 0.1", "0.05"),
+    ("auto maybe", "maybe"),
+    ("auto on --threshold -1", "-1"),
+    ("auto on --threshold abc", "abc"),
+    ("stop now", "now"),
+]
+
+
+def assert_usage_error(message: str, value: str) -> None:
+    assert value in message, f"{message!r} does not name {value!r}"
+    assert "\n" not in message.strip() and len(message) < 200, message
+
+
+def state(ip):
+    monitor = SESSION.monitor
+    return (thread_names(), rows(), monitor, monitor.running if monitor else None,
+            list(ip.events.callbacks["pre_run_cell"]), list(ip.events.callbacks["post_run_cell"]))
+
+
+@pytest.mark.parametrize("line, value", MISUSE)
+def test_misuse_is_a_usage_error_that_changes_nothing(ip, line, value):
+    before = state(ip)
+    with capture_output() as cap, pytest.raises(UsageError) as info:
+        ip.run_line_magic("resmon", line)
+    assert_usage_error(str(info.value), value)
+    assert cap.outputs == [] and cap.stdout == ""
+    assert state(ip) == before
+
+
+def test_misuse_while_running_leaves_the_monitor_alone(ip):
+    with capture_output():
+        ip.run_line_magic("resmon", "--interval 0.05")
+    before = state(ip)
+    for line, value in MISUSE:
+        with capture_output(), pytest.raises(UsageError) as info:
+            ip.run_line_magic("resmon", line)
+        assert_usage_error(str(info.value), value)
+    assert state(ip) == before
+    assert SESSION.monitor.interval == 0.05
+
+
+@pytest.mark.parametrize("line, value", [("--interval 0", "0"), ("--interval abc", "abc"),
+                                         ("--bogus", "--bogus"), ("stop", "stop")])
+def test_cell_misuse_does_not_run_the_cell(ip, line, value):
+    before = state(ip)
+    with capture_output() as cap, pytest.raises(UsageError) as info:
+        ip.run_cell_magic("resmon", line, "rm_ran = True")
+    assert_usage_error(str(info.value), value)
+    assert "rm_ran" not in ip.user_ns
+    assert cap.outputs == []
+    assert state(ip) == before
+
+
+def test_help_documents_the_options(ip):
+    assert "--interval" in ip.find_line_magic("resmon").__doc__
+    with capture_output() as cap:
+        ip.run_cell("%resmon?")
+    for text in ("--interval", "--label", "--quiet", "%%resmon", "auto on"):
+        assert text in cap.stdout, text
