@@ -55,17 +55,21 @@ def _check_output(path: str | None, force: bool) -> None:
         return
     if os.path.isdir(path):
         raise UsageError(f"output path {path!r} is a directory")
-    if os.path.exists(path):
-        if not force:
-            raise UsageError(f"output file {path!r} already exists (add --force to replace it)")
-        if not os.access(path, os.W_OK):
-            raise UsageError(f"output file {path!r} is not writable")
-        return
+    existed = os.path.exists(path)
+    if existed and not force:
+        raise UsageError(f"output file {path!r} already exists (add --force to replace it)")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UsageError(f"cannot write {path!r}: directory {parent!r} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"cannot write {path!r}: directory {parent!r} is not writable")
+    # os.access() says yes to root even for /proc or a read-only mount, and the
+    # summary is only written after the command ran: try for real, leave nothing behind.
+    flags = os.O_WRONLY | os.O_CLOEXEC | (0 if existed else os.O_CREAT | os.O_EXCL)
+    try:
+        os.close(os.open(path, flags, 0o666))
+    except OSError as err:
+        raise UsageError(f"cannot write {path!r}: {err.strerror}") from None
+    if not existed:
+        os.unlink(path)
 
 
 def _open_sender(cls, path: str | None, force: bool):
@@ -79,11 +83,16 @@ def _open_sender(cls, path: str | None, force: bool):
 
 def run(argv: list[str], *, interval, csv=None, jsonl=None, summary_json=None, html=None,
         force=False, gpu=True, children=True, quiet=False) -> int:
+    outputs = [os.path.abspath(p) for p in (csv, jsonl, summary_json, html) if p is not None]
+    if len(set(outputs)) < len(outputs):  # two writers would interleave in one file
+        raise UsageError("each output needs its own file: "
+                         f"{', '.join(repr(p) for p in (csv, jsonl, summary_json, html) if p)}")
     for path in (csv, jsonl, summary_json, html):
         _check_output(path, force)
     if not argv:
         raise UsageError("missing command: nbmon run [options] -- CMD [ARGS...]")
-    if shutil.which(argv[0]) is None:
+    # A path that exists but cannot run is 126 (Popen says why), as in a shell, not "not found".
+    if shutil.which(argv[0]) is None and not (os.sep in argv[0] and os.path.exists(argv[0])):
         print(f"nbmon: command not found: {argv[0]}", file=sys.stderr)
         return 127
     senders = [s for s in (_open_sender(CSVSender, csv, force),
@@ -119,8 +128,8 @@ def run(argv: list[str], *, interval, csv=None, jsonl=None, summary_json=None, h
         write_html(monitor, html, title=" ".join(argv))
     if not quiet:
         print(f"\nnbmon: {' '.join(argv)} exited with {code}\n{summary}", file=sys.stderr)
-        for fault in monitor.faults.values():
-            print(f"nbmon: {fault.source} failed {fault.count} time(s): {fault.first_error}", file=sys.stderr)
+    for fault in monitor.faults.values():  # errors (an output that failed) even with --quiet
+        print(f"nbmon: {fault.source} failed {fault.count} time(s): {fault.first_error}", file=sys.stderr)
     return 128 - code if code < 0 else code
 
 
@@ -144,7 +153,9 @@ def _interval(text: str) -> float:
     try:
         return check_interval(text, "--interval")
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        # Name the value as typed: "1e-400" or "-1" would otherwise read as 0.0 or -1.0.
+        reason = str(err).rsplit(", got ", 1)[0]
+        raise UsageError(f"{reason}, got {text!r}") from None
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ numeric numpy arrays other than int64/uint64 into memoryviews). When no
 sample arrived since the last frame nothing is sent.
 
 :meth:`Dashboard.freeze` stops the refresher and returns static HTML (the run's
-summary table and an SVG timeline), the record a saved notebook keeps.
+summary table and an SVG timeline, :func:`record_html`), the record a saved
+notebook keeps. :func:`write_html` writes a self-contained offline page of a
+whole run (the CLI's ``--html``).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from plotly.subplots import make_subplots
 from .frames import DEFAULT_BUDGET, bucket_max, build_frame, frame_bytes
 from .render import fmt_mib, fmt_plain, svg_timeline
 
-__all__ = ["Dashboard", "frame_bytes", "THREAD_NAME"]
+__all__ = ["Dashboard", "THREAD_NAME", "frame_bytes", "record_html", "write_html"]
 
 THREAD_NAME = "nbmon-live"
 _EMPTY = np.empty(0, dtype=np.float32)
@@ -52,6 +54,102 @@ def _traces_for(columns, gpu_indices):
         return specs
     have = set(columns)
     return [s for s in specs if s[1] in have]
+
+
+def _columns_of(monitor) -> tuple[list[int], list]:
+    """(GPU indices, chart specs) for a monitor, started or not."""
+    gpus = getattr(monitor, "gpus", None)
+    indices = {int(getattr(d, "index", k)) for k, d in enumerate(gpus.devices)} if gpus else set()
+    store = monitor.store
+    if store is not None:  # a stopped monitor has closed its devices; its store still has them
+        indices.update(int(m.group(1)) for m in map(_GPU_COLUMN.fullmatch, store.columns) if m)
+        columns = list(store.columns)
+    else:  # not started yet: the columns its sources will have
+        columns = ["proc_cpu_percent", "proc_rss_mb"]
+        if getattr(monitor, "system", True):
+            columns += ["sys_cpu_percent", "sys_mem_used_mb"]
+        columns += [f"gpu{i}_{f}" for i in sorted(indices) for f in ("util_percent", "mem_used_mb")]
+    indices = sorted(indices)
+    return indices, _traces_for(columns, indices)
+
+
+def _figure(traces, gpus: bool, x_title: str) -> go.Figure:
+    """Empty subplots (shared x) with one line trace per spec of :func:`_traces_for`."""
+    rows = 4 if gpus else 2
+    titles = ["CPU %", "memory MiB", "GPU util %", "GPU memory MiB"][:rows]
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.04)
+    for row, column, label, unit in traces:
+        fig.add_trace(go.Scatter(
+            x=_EMPTY, y=_EMPTY, name=label, mode="lines", line={"width": 1.3}, meta=column,
+            hovertemplate=f"%{{y:.1f}} {unit}<extra>{html.escape(label)}</extra>"),
+            row=row, col=1)
+    for row, title in enumerate(titles, start=1):
+        fig.update_yaxes(title_text=title, rangemode="tozero", row=row, col=1)
+    fig.update_xaxes(title_text=x_title, row=rows, col=1)
+    fig.update_layout(
+        title={"x": 0.01, "y": 0.99, "yanchor": "top", "font": {"size": 14}},
+        height=100 + _ROW_PX * rows, margin={"l": 60, "r": 20, "t": 70, "b": 40},
+        template="plotly_white", hovermode="x unified",
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.01, "x": 0.0, "xanchor": "left",
+                "font": {"size": 10}},
+    )
+    return fig
+
+
+def _timeline(store) -> str:
+    """SVG timeline of everything the store holds (CPU, RSS, GPU when known)."""
+    if store is None:
+        return ""
+    wanted = [("CPU", "proc_cpu_percent", " %"), ("RSS", "proc_rss_mb", " MiB"),
+              ("GPU", "gpu_util_percent", " %")]
+    wanted = [w for w in wanted if w[1] in store.columns]
+    if not wanted:
+        return ""
+    t, _wall, values = store.series([c for _, c, _ in wanted])
+    t, peaks = bucket_max(t, values, _TIMELINE_POINTS)
+    series = {label: (peaks[c], unit) for label, c, unit in wanted
+              if label != "GPU" or np.isfinite(peaks[c]).any()}
+    return svg_timeline(t, series)
+
+
+def record_html(monitor) -> str:
+    """Static record of a monitor's current (or last) run: its summary table
+    and an SVG timeline; plain HTML, no widget state or JavaScript."""
+    summary = monitor.summary()._repr_html_()
+    return f'<div class="nbmon-live-record">{summary}{_timeline(monitor.store)}</div>'
+
+
+def write_html(monitor, path, *, title: str | None = None,
+               budget_per_trace: int = 5000) -> str:
+    """Write a self-contained, offline HTML page of the monitor's run: the
+    static record and an interactive plotly chart of the whole run (x in
+    seconds since the first sample held; plotly.js embedded). Returns ``path``."""
+    import plotly.io as pio
+
+    gpu_indices, traces = _columns_of(monitor)
+    fig = _figure(traces, bool(gpu_indices), "seconds since start")
+    store = monitor.store
+    if store is not None and len(store):
+        columns = [c for _, c, _, _ in traces]
+        frame = build_frame(store, columns, math.inf, budget_per_trace,
+                            max_bytes=8 * budget_per_trace * max(1, len(columns)))
+        t, _wall, _ = store.series([])
+        span = np.float32(t[-1] - t[0]) if len(t) else np.float32(0.0)
+        for trace, column in zip(fig.data, columns):
+            x, y = frame.get(column, (_EMPTY, _EMPTY))
+            trace.x = x + span
+            trace.y = y
+    name = title or "nbmon run"
+    fig.update_layout(title_text=html.escape(name))
+    plot = pio.to_html(fig, include_plotlyjs=True, full_html=False, config={"displaylogo": False})
+    page = ('<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+            f'<title>nbmon: {html.escape(name)}</title></head>'
+            '<body style="font-family:system-ui,sans-serif;margin:16px">'
+            f'<h3 style="margin:0 0 8px">nbmon: {html.escape(name)}</h3>'
+            f'{record_html(monitor)}{plot}</body></html>\n')
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(page)
+    return path
 
 
 class Dashboard:
@@ -91,20 +189,7 @@ class Dashboard:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-        gpus = getattr(monitor, "gpus", None)
-        indices = {int(getattr(d, "index", k)) for k, d in enumerate(gpus.devices)} if gpus else set()
-        store = monitor.store
-        if store is not None:  # a stopped monitor has closed its devices; its store still has them
-            indices.update(int(m.group(1)) for m in map(_GPU_COLUMN.fullmatch, store.columns) if m)
-        self.gpu_indices = sorted(indices)
-        if store is not None:
-            columns = store.columns
-        else:  # not started yet: the columns its sources will have
-            columns = ["proc_cpu_percent", "proc_rss_mb"]
-            if getattr(monitor, "system", True):
-                columns += ["sys_cpu_percent", "sys_mem_used_mb"]
-            columns += [f"gpu{i}_{f}" for i in self.gpu_indices for f in ("util_percent", "mem_used_mb")]
-        self.traces = _traces_for(columns, self.gpu_indices)
+        self.gpu_indices, self.traces = _columns_of(monitor)
         self.columns = [c for _, c, _, _ in self.traces]
         self.widget = self._make_figure()
 
@@ -113,26 +198,9 @@ class Dashboard:
 
     # -- figure ------------------------------------------------------------
     def _make_figure(self) -> go.FigureWidget:
-        rows = 4 if self.gpu_indices else 2
-        titles = ["CPU %", "memory MiB", "GPU util %", "GPU memory MiB"][:rows]
-        fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.04)
-        for row, column, label, unit in self.traces:
-            fig.add_trace(go.Scatter(
-                x=_EMPTY, y=_EMPTY, name=label, mode="lines", line={"width": 1.3},
-                meta=column, legendgroup=str(row),
-                hovertemplate=f"%{{y:.1f}} {unit}<extra>{html.escape(label)}</extra>"),
-                row=row, col=1)
-        for row, title in enumerate(titles, start=1):
-            fig.update_yaxes(title_text=title, rangemode="tozero", row=row, col=1)
+        fig = _figure(self.traces, bool(self.gpu_indices), "seconds before now")
         fig.update_xaxes(range=[-self.window_s, 0.0], autorange=False)
-        fig.update_xaxes(title_text="seconds before now", row=rows, col=1)
-        fig.update_layout(
-            title={"text": "waiting for samples…", "x": 0.01, "font": {"size": 14}},
-            height=90 + _ROW_PX * rows, margin={"l": 60, "r": 20, "t": 40, "b": 40},
-            template="plotly_white", hovermode="x unified", uirevision="nbmon",
-            legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 1.0, "xanchor": "right",
-                    "font": {"size": 10}},
-        )
+        fig.update_layout(title_text="waiting for samples…", uirevision="nbmon")
         return go.FigureWidget(fig)
 
     def _title(self, latest: dict) -> str:
@@ -234,23 +302,8 @@ class Dashboard:
         return self.static_html()
 
     def static_html(self) -> str:
-        summary = self.monitor.summary()._repr_html_()
-        return f'<div class="nbmon-live-record">{summary}{self._timeline()}</div>'
-
-    def _timeline(self) -> str:
-        store = self.monitor.store
-        if store is None:
-            return ""
-        wanted = [("CPU", "proc_cpu_percent", " %"), ("RSS", "proc_rss_mb", " MiB"),
-                  ("GPU", "gpu_util_percent", " %")]
-        wanted = [w for w in wanted if w[1] in store.columns]
-        if not wanted:
-            return ""
-        t, _wall, values = store.series([c for _, c, _ in wanted])
-        t, peaks = bucket_max(t, values, _TIMELINE_POINTS)
-        series = {label: (peaks[c], unit) for label, c, unit in wanted
-                  if label != "GPU" or np.isfinite(peaks[c]).any()}
-        return svg_timeline(t, series)
+        """The static record (summary table and SVG timeline) of the run."""
+        return record_html(self.monitor)
 
     def close(self) -> str:
         """Freeze, then close the widget's comm; returns the static HTML."""

@@ -34,12 +34,20 @@ def _seconds(text: str | None, name: str, default: float, *, zero_ok: bool = Fal
         raise UsageError(str(err)) from None
 
 
+def _unquote(text: str) -> str:
+    # parse_argstring splits non-POSIX style and keeps quotes: --label "a b" arrives as '"a b"'.
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
 @magics_class
 class ResmonMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
         self.dashboards: list = []   # (Dashboard, display handle)
         self.auto_threshold_s: float | None = None
+        self._auto_started_monitor = False
         self._auto_cell = None
 
     @magic_arguments()
@@ -68,6 +76,7 @@ class ResmonMagics(Magics):
         %%resmon          run the cell and show its ResourceSummary
         """
         args = parse_argstring(self.resmon, line)
+        args.label = _unquote(args.label)
         interval = _seconds(args.interval, "--interval", DEFAULT_INTERVAL)
         if cell is not None:
             if args.subcommand != "start" or args.value:
@@ -106,7 +115,7 @@ class ResmonMagics(Magics):
                                                 children=not args.no_children,
                                                 system=not args.no_system)
         dashboard = Dashboard(monitor, window_s=window)
-        handle = display(dashboard.widget, display_id=True)
+        handle = display(dashboard, display_id=True)  # under the refresh lock: never mid-frame
         self.dashboards.append((dashboard, handle))
 
     def stop(self) -> None:
@@ -179,12 +188,17 @@ class ResmonMagics(Magics):
     def _execute(self, cell: str):
         """Run the cell in the user namespace; return its last expression's value."""
         shell = self.shell
-        tree = shell.compile.ast_parse(shell.transform_cell(cell))
+        # Registered with the compiler's line cache so that tracebacks show the cell's own
+        # lines ("Cell In[n]"), not a bare "<resmon-cell>"; the leading newline stands for
+        # the %%resmon line, so line numbers match the notebook cell.
+        source = "\n" + shell.transform_cell(cell)
+        filename = shell.compile.cache(source, shell.execution_count)
+        tree = shell.compile.ast_parse(source, filename)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         ns = shell.user_ns
-        exec(shell.compile(tree, "<resmon-cell>", "exec"), ns)
+        exec(shell.compile(tree, filename, "exec"), ns)
         if last is not None:
-            return eval(shell.compile(ast.Expression(last.value), "<resmon-cell>", "eval"), ns)
+            return eval(shell.compile(ast.Expression(last.value), filename, "eval"), ns)
         return None
 
     # -- auto mode -------------------------------------------------------
@@ -195,7 +209,8 @@ class ResmonMagics(Magics):
                 events.register("pre_run_cell", self._pre_run_cell)
                 events.register("post_run_cell", self._post_run_cell)
             self.auto_threshold_s = threshold
-            SESSION.ensure_monitor(interval)
+            _, started = SESSION.ensure_monitor(interval)
+            self._auto_started_monitor = self._auto_started_monitor or started
             if not quiet:
                 print(f"nbmon: auto on, summarising cells longer than {threshold:g} s")
         elif value == "off":
@@ -207,8 +222,13 @@ class ResmonMagics(Magics):
                     # This cell's post_run hook is gone: close its span here, or it stays open for good.
                     cell, self._auto_cell = self._auto_cell, None
                     cell.__exit__(None, None, None)
+                if self._auto_started_monitor and not self.dashboards:
+                    SESSION.stop()  # auto on started it, nothing else shows it
+                self._auto_started_monitor = False
                 if not quiet:
                     print("nbmon: auto off")
+        elif value is None:
+            raise UsageError("%resmon auto needs on or off")
         else:
             raise UsageError(f"%resmon auto takes on or off, got {value!r}")
 

@@ -116,8 +116,7 @@ class MeterFeed:
         self.t0 = monitor.clock()
         self.errors = 0
         self._stop = threading.Event()
-        gpus = monitor.gpus.devices if monitor.gpus else []
-        meter.gpu_count = len(gpus)
+        meter.gpu_count = monitor.gpu_count
         self._thread = threading.Thread(target=self._run, name="nbmon-meter", daemon=True)
         self._thread.start()
 

@@ -12,6 +12,7 @@ import math
 import os
 import threading
 import time
+import warnings
 import weakref
 from typing import Callable, Sequence
 
@@ -24,19 +25,26 @@ from .summary import ResourceSummary, summarize
 from .system import System
 
 _running: "weakref.WeakSet[Monitor]" = weakref.WeakSet()
+BACKENDS = ("thread", "process")
+MIN_INTERVAL = 0.001
 
 
 def check_interval(value, name: str = "interval") -> float:
-    """A finite positive number of seconds, or ValueError naming the bad value."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A finite positive number of seconds, or ValueError naming the bad value as given."""
+    given = value
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number of seconds, got {given!r}")
+    if not isinstance(value, (int, float)):
         try:
             value = float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
+            raise ValueError(f"{name} must be a number of seconds, got {given!r}") from None
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        raise ValueError(f"{name} must be a positive number of seconds, got {given!r}")
+    if value < MIN_INTERVAL:  # below this the thread would only spin
+        raise ValueError(f"{name} must be at least {MIN_INTERVAL:g} s, got {given!r}")
     if value > 86400:
-        raise ValueError(f"{name} must be at most a day (86400 s), got {value!r}")
+        raise ValueError(f"{name} must be at most a day (86400 s), got {given!r}")
     return float(value)
 
 
@@ -47,7 +55,7 @@ def check_pid(pid) -> int:
         raise ValueError(f"pid must be a positive process id, got {pid!r}")
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         raise ValueError(f"no process with pid {pid} exists") from None
     except PermissionError:  # exists, owned by another user: /proc still reads it
         pass
@@ -103,6 +111,7 @@ class Monitor:
                  children: bool = True, system: bool = True, gpu: bool = True,
                  extra_sources: Sequence = (), consumers: Sequence[Consumer] = (),
                  max_bytes: int = DEFAULT_MAX_BYTES, exact_peak: bool = True,
+                 backend: str = "thread",
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
                  event: Callable[[], object] = threading.Event):
@@ -110,6 +119,14 @@ class Monitor:
         self.interval = check_interval(interval)
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
             raise ValueError(f"max_bytes must be a positive whole number of bytes, got {max_bytes!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+        if backend == "process" and (extra_sources or clock is not time.monotonic):
+            raise ValueError("backend='process' samples in another process: "
+                             "extra_sources and a custom clock need backend='thread'")
+        self.backend = backend
+        self.backend_used: str | None = None   # what the last start() ran: a failed helper falls back
+        self.backend_note = ""
         self.children, self.system, self.gpu = children, system, gpu
         self.extra_sources = list(extra_sources)
         self.consumers = list(consumers)
@@ -117,8 +134,9 @@ class Monitor:
         self.exact_peak = exact_peak
         self.clock, self.wall, self.event = clock, wall, event
         self.store: Store | None = None
-        self.tree: ProcessTree | None = None
+        self.tree: ProcessTree | None = None   # the thread backend's sources, for inspection
         self.gpus: nvml.GPUs | None = None
+        self._info: Callable[[], dict] = dict
         self._sampler: Sampler | None = None
         self._senders: _SenderThread | None = None
         self._run_window: Window | None = None
@@ -136,26 +154,16 @@ class Monitor:
             if self.running:
                 return self
             self._stop_locked()
-            tree = ProcessTree(self.pid, children=self.children, exact_peak=self.exact_peak)
-            sources: list = [tree]
-            if self.system:
-                sources.append(System())
-            gpus = None
-            if self.gpu:
-                gpus = nvml.GPUs(tree_pids=lambda: tree.pids)
-                sources.append(gpus)
-            sources.extend(self.extra_sources)
-            sampler = Sampler(sources, None, self.interval,
-                              clock=self.clock, wall=self.wall, event=self.event,
-                              until=None if self.pid == os.getpid() else lambda: not tree.root_alive)
-            sampler.prime()
+            sampler = self._process_sampler() if self.backend == "process" else None
+            if sampler is None:
+                sampler = self._thread_sampler()
             try:
                 store = Store(sampler.fields, self.max_bytes)
             except BaseException:
                 sampler.close_sources()
                 raise
             sampler.sink = store.append
-            self.store, self.tree, self.gpus = store, tree, gpus
+            self.store = store
             self._run_window = store.open_window(sampler.t_start)
             self._consumer_faults = {}
             senders = _SenderThread(self, self.consumers) if self.consumers else None
@@ -169,6 +177,43 @@ class Monitor:
             _running.add(self)
             return self
 
+    def _thread_sampler(self) -> Sampler:
+        tree = ProcessTree(self.pid, children=self.children, exact_peak=self.exact_peak)
+        sources: list = [tree]
+        if self.system:
+            sources.append(System())
+        gpus = None
+        if self.gpu:
+            gpus = nvml.GPUs(tree_pids=lambda: tree.pids)
+            sources.append(gpus)
+        sources.extend(self.extra_sources)
+        sampler = Sampler(sources, None, self.interval, clock=self.clock, wall=self.wall, event=self.event,
+                          until=None if self.pid == os.getpid() else lambda: not tree.root_alive)
+        sampler.prime()
+        self.backend_used, self.tree, self.gpus = "thread", tree, gpus
+        self._info = lambda: {"peak_exact": tree.peak_exact,
+                              "gpu_state": gpus.state if gpus else "off (gpu=False)",
+                              "gpu_devices": len(gpus.devices) if gpus else 0}
+        return sampler
+
+    def _process_sampler(self):
+        """The helper-process sampler, or None (said once in ``backend_note``
+        and a warning) when it cannot start here."""
+        try:
+            from .procsampler import ProcessSampler
+
+            sampler = ProcessSampler(self.pid, self.interval, children=self.children, system=self.system,
+                                     gpu=self.gpu, exact_peak=self.exact_peak)
+            sampler.prime()
+        except Exception as err:
+            if not self.backend_note:
+                self.backend_note = f"the sampler process could not start ({err}); sampling from a thread instead"
+                warnings.warn(f"nbmon: {self.backend_note}", RuntimeWarning, stacklevel=3)
+            return None
+        self.backend_used, self.tree, self.gpus = "process", None, None
+        self._info = lambda: sampler.info
+        return sampler
+
     def stop(self, timeout: float | None = None) -> bool:
         """Stop sampling and flush the consumers; bounded by ``interval + 0.1`` s
         (or ``timeout``) even when a source or sender is stuck. Returns False
@@ -181,6 +226,7 @@ class Monitor:
         if sampler is None:
             return True
         deadline = time.monotonic() + (self.interval + 0.1 if timeout is None else timeout)
+        sampler.sample_now()  # the run ends with its final state, even one shorter than an interval
         clean = sampler.stop(timeout=max(0.0, deadline - time.monotonic()))
         if senders is not None:
             senders.stop_event.set()
@@ -219,11 +265,17 @@ class Monitor:
 
     @property
     def peak_exact(self) -> bool | None:
-        return self.tree.peak_exact if self.tree else None
+        """Whether peak RSS is the kernel's exact high-water mark (None before start)."""
+        return self._info().get("peak_exact")
 
     @property
     def gpu_state(self) -> str:
-        return self.gpus.state if self.gpus else "off (gpu=False)"
+        """'ok', or why GPU figures are off."""
+        return self._info().get("gpu_state", "not started")
+
+    @property
+    def gpu_count(self) -> int:
+        return self._info().get("gpu_devices", 0)
 
     def summary(self) -> ResourceSummary:
         """Summary of the current (or last) run, exact over every sample."""

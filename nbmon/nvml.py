@@ -29,12 +29,14 @@ _lock = threading.Lock()
 _init_pid: int | None = None
 _state = "not initialised"
 _device_count = 0
+_nvml_up = False  # nvmlInit succeeded in this process and is not shut down yet
 
 
 def _reset_after_fork() -> None:
-    global _lock, _init_pid
+    global _lock, _init_pid, _nvml_up
     _lock = threading.Lock()  # a lock held by another thread at fork would never be released
     _init_pid = None
+    _nvml_up = False
 
 
 if hasattr(os, "register_at_fork"):
@@ -60,7 +62,7 @@ def _load_library(pynvml, path: str) -> None:
 
 def init() -> bool:
     """Initialise NVML for this process if not done yet; True when devices are usable."""
-    global _init_pid, _state, _device_count
+    global _init_pid, _state, _device_count, _nvml_up
     with _lock:
         if _init_pid == os.getpid():
             return _state == "ok"
@@ -76,6 +78,7 @@ def init() -> bool:
             if library:
                 _load_library(pynvml, library)
             pynvml.nvmlInit()
+            _nvml_up = True  # shutdown() must balance it even if no device is usable
             _device_count = pynvml.nvmlDeviceGetCount()
         except OSError as err:
             _state = f"cannot load the NVML library: {err}"
@@ -98,16 +101,16 @@ def device_count() -> int:
 
 def shutdown() -> None:
     """Release NVML (tests, and processes that want the driver's memory back)."""
-    global _init_pid, _state, _device_count
+    global _init_pid, _state, _device_count, _nvml_up
     with _lock:
-        if _init_pid == os.getpid() and _state == "ok":
+        if _init_pid == os.getpid() and _nvml_up:
             import pynvml
 
             try:
                 pynvml.nvmlShutdown()
             except pynvml.NVMLError:
                 pass
-        _init_pid, _state, _device_count = None, "not initialised", 0
+        _init_pid, _state, _device_count, _nvml_up = None, "not initialised", 0, False
 
 
 class _Device:
@@ -170,13 +173,15 @@ class _Device:
     def _tree_memory_mb(self, pids) -> float:
         if not pids:
             return NAN
-        used = 0.0
+        # A process with compute and graphics contexts is in both lists, each
+        # time with its whole memory on the device: count it once.
+        used: dict[int, int] = {}
         for fetch in (self.nv.nvmlDeviceGetComputeRunningProcesses,
                       self.nv.nvmlDeviceGetGraphicsRunningProcesses):
             for proc in fetch(self.handle):
                 if proc.pid in pids and proc.usedGpuMemory is not None:
-                    used += proc.usedGpuMemory
-        return used / MIB
+                    used[proc.pid] = max(used.get(proc.pid, 0), proc.usedGpuMemory)
+        return sum(used.values()) / MIB
 
 
 class GPUs:
@@ -230,6 +235,10 @@ class GPUs:
         return totals + tuple(x for v in per_device for x in v)
 
     def close(self) -> None:
+        # Keep saying which GPU was lost once the run is over (state reads devices).
+        lost = [str(d.index) for d in self.devices if d.lost]
+        if lost and not self.note:
+            self.note = f"GPU {', '.join(lost)} lost"
         self.devices = []
 
 
@@ -251,6 +260,9 @@ class NVMLProfiler:
     """
 
     def __init__(self, device_index: int = 0):
+        # A bool or str would pass (or break) the range check below with an unclear error.
+        if isinstance(device_index, bool) or not isinstance(device_index, int):
+            raise ValueError(f"device_index must be a whole number, got {device_index!r}")
         if not init():
             raise RuntimeError(f"no NVIDIA GPU is usable: {status()}")
         if not 0 <= device_index < _device_count:

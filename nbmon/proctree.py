@@ -40,7 +40,8 @@ class _LinuxProc:
     """Kept-open /proc descriptors of one process of the tree."""
 
     __slots__ = ("pid", "parent", "stat_fd", "statm_fd", "children_fd", "clock",
-                 "own_s", "children_s", "threads", "rss_pages", "read_bytes", "write_bytes")
+                 "own_s", "children_s", "threads", "rss_pages", "read_bytes", "write_bytes",
+                 "exited")
 
     def __init__(self, pid: int, parent: int | None):
         self.pid = pid
@@ -64,6 +65,7 @@ class _LinuxProc:
         self.rss_pages = 0.0
         self.read_bytes = NAN
         self.write_bytes = NAN
+        self.exited = False
 
     @property
     def cpu_s(self) -> float:
@@ -88,6 +90,9 @@ class _LinuxProc:
         self.threads = float(fields[17])
         if fields[0] == b"Z":
             self.own_s = (int(fields[11]) + int(fields[12])) * tick_s
+            # Exited, only waiting to be reaped (a zombie leader whose other
+            # threads still run shows more than one thread).
+            self.exited = self.threads <= 1
 
     def read_io(self) -> None:
         try:
@@ -162,6 +167,7 @@ class ProcessTree:
         self._last_t = NAN
         self._last_cpu_s = NAN
         self._start_cpu_s = NAN
+        self._cpu_carry_s = 0.0  # CPU counted but not yet shown in a CPU %
         self._last_slow_t = -math.inf
 
     @property
@@ -185,6 +191,7 @@ class ProcessTree:
         cpu_s = self._backend.refresh(now, slow=True)
         self._last_t = self._last_slow_t = now
         self._last_cpu_s = self._start_cpu_s = cpu_s
+        self._cpu_carry_s = 0.0
 
     def boundary(self) -> None:
         """Make the next sample a full one (exact peak read and reset), so that
@@ -198,7 +205,13 @@ class ProcessTree:
             self._last_slow_t = now
         cpu_s = b.refresh(now, slow=slow)
         dt = now - self._last_t
-        cpu_percent = max(0.0, (cpu_s - self._last_cpu_s) / dt * 100.0) if dt > 0 else NAN
+        # CPU found late (a child discovered after it ran) cannot have been
+        # used within one interval: show at most every CPU busy and carry the
+        # rest into the next intervals, so that the mean stays exact.
+        used_s = cpu_s - self._last_cpu_s + self._cpu_carry_s
+        shown_s = min(max(used_s, 0.0), dt * _LOGICAL_CPUS) if dt > 0 else 0.0
+        self._cpu_carry_s = used_s - shown_s
+        cpu_percent = shown_s / dt * 100.0 if dt > 0 else NAN
         self._last_t, self._last_cpu_s = now, cpu_s
         rss_mb = b.rss_mb()
         peak_mb = rss_mb
@@ -289,8 +302,11 @@ class _ProcBackend:
                 proc.read()
             except OSError:
                 gone.append(proc)
+        vanished = {proc.pid for proc in gone}
         for proc in gone:
-            self._forget(proc)
+            self._forget(proc, vanished)
+        if root in self.procs and self.procs[root].exited:
+            self.root_alive = False
         if self.tree.children and self.procs:
             self._find_children(thorough=slow)
         if slow:
@@ -298,12 +314,16 @@ class _ProcBackend:
                 proc.read_io()
         return self.retained_cpu_s + sum(p.own_s + p.children_s for p in self.procs.values())
 
-    def _forget(self, proc: _LinuxProc) -> None:
+    def _forget(self, proc: _LinuxProc, vanished=()) -> None:
         del self.procs[proc.pid]
         proc.close()
         self.tree.gone += 1
         if proc.pid == self.tree.pid:
             self.root_alive = False
+        if proc.parent in vanished:
+            # Its parent went in the same interval, after reaping it: the time
+            # is in the parent's cutime, and goes wherever the parent's goes.
+            return
         parent = self.procs.get(proc.parent)
         try:
             if parent is not None:
@@ -398,6 +418,7 @@ class _PsutilBackend:
                         self.parents[child.pid] = child.ppid()
             except (ps.NoSuchProcess, ps.AccessDenied, KeyError):
                 pass
+        vanished = []
         for pid, proc in list(self.procs.items()):
             try:
                 with proc.oneshot():
@@ -412,16 +433,24 @@ class _PsutilBackend:
                             pass
                     elif old:
                         rw = old[3:]
+                    threads = float(proc.num_threads())
                     self.values[pid] = (t.user + t.system + t.children_user + t.children_system,
-                                        float(proc.memory_info().rss), float(proc.num_threads())) + rw
+                                        float(proc.memory_info().rss), threads) + rw
+                    if pid == self.tree.pid and threads <= 1 and proc.status() == ps.STATUS_ZOMBIE:
+                        self.root_alive = False  # exited, only waiting to be reaped
             except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
-                del self.procs[pid]
-                last = self.values.pop(pid, None)
-                self.tree.gone += 1
-                if pid == self.tree.pid:
-                    self.root_alive = False
-                if last and self.parents.pop(pid, None) not in self.procs:
-                    self.retained_cpu_s += last[0]
+                vanished.append(pid)
+        for pid in vanished:
+            del self.procs[pid]
+            last = self.values.pop(pid, None)
+            self.tree.gone += 1
+            if pid == self.tree.pid:
+                self.root_alive = False
+            # Reaped by a tree member (one gone in the same interval included):
+            # its time is in that member's children times.
+            parent = self.parents.pop(pid, None)
+            if last and parent not in self.procs and parent not in vanished:
+                self.retained_cpu_s += last[0]
         return self.retained_cpu_s + sum(v[0] for v in self.values.values())
 
     def rss_mb(self) -> float:

@@ -48,7 +48,7 @@ class GPUProfilerProtocol(Protocol):
 
 def _number(value) -> float:
     """A finite non-negative float, else NaN (a malformed payload is unknown, not fatal)."""
-    if isinstance(value, bool):
+    if isinstance(value, (bool, str, bytes)):  # float("12") would pass a malformed payload off as a number
         return NAN
     try:
         value = float(value)

@@ -59,7 +59,7 @@ class Sampler:
         self.clock = clock
         self.wall = wall
         self.name = name
-        self.until = until  # checked after each sample: True ends the run (the watched pid exited)
+        self.until = until  # checked at each sample: True ends the run (the watched pid exited)
         self.on_finish: Callable[[], None] | None = None  # called by the thread as it ends
         self.faults: dict[str, Fault] = {}
         self.t_start = NAN
@@ -124,7 +124,9 @@ class Sampler:
         """Take one sample at ``now`` and hand it to the sink."""
         with self._step_lock:
             row = self.read(now)
-            if not self._stop.is_set():
+            # A row read once the run is over (the watched process exited: an
+            # empty tree, RSS 0) is not part of the run.
+            if not self._stop.is_set() and not (self.until is not None and self.until()):
                 self.sink(now, self.wall(), row)
 
     def sample_now(self) -> bool:
@@ -133,11 +135,16 @@ class Sampler:
         if not self.running or not self._step_lock.acquire(timeout=self.interval):
             return False
         try:
+            if self._stop.is_set():  # stopped while we waited: the sources may be closed
+                return False
             for source in self.sources:
                 boundary = getattr(source, "boundary", None)
                 if boundary is not None:  # e.g. read the exact peak at this very sample
                     boundary()
             self.step(self.clock())  # re-entrant: the lock is an RLock
+        except Exception as err:  # a failing sink is counted, as in the thread
+            self._fault(self.sink, err)
+            return False
         finally:
             self._step_lock.release()
         return True
@@ -154,9 +161,14 @@ class Sampler:
                 self._fault(source, err)
                 values.extend([NAN] * (cols.stop - cols.start))
         try:
-            row = np.array(values, dtype=np.float64)
-        except (TypeError, ValueError):
+            row = np.array(values)
+        except (TypeError, ValueError):  # ragged
+            row = None
+        # Plain numbers only: with dtype=float numpy would also parse text like "12".
+        if row is None or row.dtype.kind not in "fiub" or row.shape != (len(values),):
             row = self._coerce(values)
+        else:
+            row = row.astype(np.float64, copy=False)
         if (row < 0).any():
             self._reject_negative(row)
         return row
@@ -166,6 +178,8 @@ class Sampler:
         for source, cols in self._slices:
             for i in range(cols.start, cols.stop):
                 try:
+                    if isinstance(values[i], (str, bytes)):  # float() would parse "12"
+                        raise TypeError
                     row[i] = float(values[i])
                 except (TypeError, ValueError):
                     row[i] = NAN
@@ -190,26 +204,31 @@ class Sampler:
         fault.count += 1
 
     def _run(self, stop) -> None:
-        interval, clock = self.interval, self.clock
-        next_t = self.t_start + interval
+        interval, clock, t_start = self.interval, self.clock, self.t_start
+        tick = 1
         try:
             while True:
+                next_t = t_start + tick * interval  # not summed: no rounding drift
                 delay = next_t - clock()
                 if (delay > 0 and stop.wait(delay)) or stop.is_set():
                     break
-                now = clock()
-                try:
-                    self.step(now)
-                except Exception as err:  # a failing sink must not end sampling either
-                    self._fault(self.sink, err)
+                # Time is read under the lock: a sample_now() that got it first
+                # appends first and earlier, so the store's times never go back.
+                with self._step_lock:
+                    now = clock()
+                    try:
+                        self.step(now)
+                    except Exception as err:  # a failing sink must not end sampling either
+                        self._fault(self.sink, err)
                 if self.until is not None and self.until():
                     stop.set()
                     break
-                next_t += interval
-                if next_t <= now:  # fell behind (suspended, GIL held): skip, never burst
-                    next_t = now + interval
+                # Fell behind (suspended, GIL held, a slow source): skip the
+                # missed ticks, never burst, and stay on the same grid.
+                tick = max(tick + 1, math.floor((clock() - t_start) / interval) + 1)
         finally:
-            self.close_sources()
+            with self._step_lock:  # not while a sample_now() is reading them
+                self.close_sources()
             if self.on_finish is not None:
                 self.on_finish()
 

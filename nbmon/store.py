@@ -207,8 +207,9 @@ class Store:
         t, wall, rows = self._raw_range(self.seq - self._n, self.seq - self._n + half)
         buckets = half // BUCKET
         shaped = rows.reshape(rows.shape[0], buckets, BUCKET)
-        with np.errstate(all="ignore"):
-            lo, hi = np.nanmin(shaped, axis=2), np.nanmax(shaped, axis=2)
+        # fmin/fmax skip NaN, and an all-NaN bucket stays NaN without nanmin's
+        # warning (catch_warnings would not do: it is not thread-safe).
+        lo, hi = np.fmin.reduce(shaped, axis=2), np.fmax.reduce(shaped, axis=2)
         new = np.empty((rows.shape[0], 2 * buckets))
         new[:, 0::2], new[:, 1::2] = lo, hi
         new_t = np.empty(2 * buckets)
@@ -302,13 +303,16 @@ class Store:
         columns = self.columns if columns is None else columns
         idx = [self.columns.index(c) for c in columns]
         with self._lock:
-            t_raw, wall_raw, rows = self._raw_range(self.seq - self._n, self.seq)
-            ct = self._ct[:self._cn]
-            c_from = int(np.searchsorted(ct, t_from)) if self._cn else 0
-            r_from = int(np.searchsorted(t_raw, t_from)) if self._n else 0
-            t = np.concatenate([ct[c_from:], t_raw[r_from:]])
-            wall = np.concatenate([self._cwall[c_from:self._cn], wall_raw[r_from:]])
-            values = {c: np.concatenate([self._cdata[j, c_from:self._cn], rows[j, r_from:]])
+            # Contiguous pieces, oldest first: the coarse tier, then the ring's one or two runs.
+            pieces = [(self._cdata, self._ct, self._cwall, 0, self._cn)]
+            end = self._head + self._n
+            runs = [(self._head, end)] if end <= self.capacity else \
+                [(self._head, self.capacity), (0, end - self.capacity)]
+            pieces += [(self._data, self._t, self._wall, lo, hi) for lo, hi in runs]
+            cut = [(d, t, w, lo + int(np.searchsorted(t[lo:hi], t_from)), hi) for d, t, w, lo, hi in pieces]
+            t = np.concatenate([t[lo:hi] for _, t, _, lo, hi in cut])
+            wall = np.concatenate([w[lo:hi] for _, _, w, lo, hi in cut])
+            values = {c: np.concatenate([d[j, lo:hi] for d, _, _, lo, hi in cut])
                       for c, j in zip(columns, idx)}
         return t, wall, values
 

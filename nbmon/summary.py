@@ -15,7 +15,7 @@ from typing import Any
 from .render import fmt_mib, fmt_percent, fmt_seconds, fmt_signed_mib, fmt_plain, html_table
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ResourceSample:
     """Single resource measurement at a point in time.
 
@@ -34,7 +34,7 @@ class ResourceSample:
     gpu_power_w: float | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ResourceSummary:
     """Aggregated resource usage over a monitoring period.
 
@@ -90,7 +90,10 @@ class ResourceSummary:
         unknown = sorted(set(data) - set(_TYPES))
         if unknown:
             raise ValueError(f"ResourceSummary.from_dict: unknown key(s) {', '.join(map(repr, unknown))}")
-        return cls(**{k: _checked(k, v) for k, v in data.items()})
+        # Optional fields that to_dict() left out are None (the GPU ones have no default).
+        values = {k: None for k in _TYPES if k not in _REQUIRED}
+        values.update((k, _checked(k, v)) for k, v in data.items())
+        return cls(**values)
 
     # -- for humans ------------------------------------------------------
     def rows(self) -> list[tuple[str, str]]:
@@ -152,7 +155,7 @@ def _checked(name: str, value):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, complex):
         raise ValueError(f"ResourceSummary.from_dict: {name} must be a number, got {value!r}")
     if kind.startswith("int"):
-        if value != int(value):
+        if isinstance(value, float) and not value.is_integer():  # int() raises on inf and NaN
             raise ValueError(f"ResourceSummary.from_dict: {name} must be a whole number, got {value!r}")
         return int(value)
     return float(value)

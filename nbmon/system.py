@@ -128,7 +128,9 @@ class System:
     def sample(self, now: float) -> tuple[float, ...]:
         busy, total = self._cpu_times()
         d_total = total - self._cpu_total
-        cpu = (busy - self._cpu_busy) / d_total * 100.0 if d_total > 0 else NAN
+        # Clamped: iowait may go backwards (proc(5)), and psutil's float seconds
+        # give an unchanged busy time as -1e-9, which the sampler would reject.
+        cpu = min(100.0, max(0.0, (busy - self._cpu_busy) / d_total * 100.0)) if d_total > 0 else NAN
         # Without a tick elapsed, keep the baseline so the next sample spans both intervals.
         if d_total > 0:
             self._cpu_busy, self._cpu_total = busy, total

@@ -128,7 +128,7 @@ class SystemMonitor:
         if monitor.running:
             return
         monitor.start()
-        self.gpu_count = len(monitor.gpus.devices) if monitor.gpus else 0
+        self.gpu_count = monitor.gpu_count
         self.network_init = None  # the first sample's counters, taken at the first publish
         with self._publisher.lock:
             self._publisher.window = monitor.store.open_window(time.monotonic())

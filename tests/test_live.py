@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 
@@ -266,22 +267,10 @@ def test_bad_arguments_are_refused(kwargs):
 
 
 @pytest.fixture
-def fake_gpus(tmp_path, monkeypatch):
-    fake_nvml = pytest.importorskip("fake_nvml")
-    pytest.importorskip("pynvml")
-    try:
-        lib = fake_nvml.build(tmp_path)
-    except fake_nvml.BuildError as err:
-        pytest.skip(str(err))
-    fake = fake_nvml.FakeNVML(tmp_path / "nvml.conf")
-    monkeypatch.setenv(fake_nvml.CONFIG_ENV, str(fake.path))
-    fake.set(devices=[dict(util_gpu=37, mem_total=80 << 30, mem_used=1 << 30),
-                      dict(util_gpu=99, mem_total=24 << 30, mem_used=20 << 30)])
-    nvml.shutdown()
-    fake_nvml.load_into_pynvml(lib)
-    yield fake
-    nvml.shutdown()
-    fake_nvml.unload_from_pynvml()
+def fake_gpus(fake_gpu):
+    fake_gpu.set(devices=[dict(util_gpu=37, mem_total=80 << 30, mem_used=1 << 30),
+                          dict(util_gpu=99, mem_total=24 << 30, mem_used=20 << 30)])
+    return fake_gpu
 
 
 def test_gpu_rows_per_device(fake_gpus, dashboards):
@@ -307,3 +296,41 @@ def test_gpu_rows_per_device(fake_gpus, dashboards):
     dashboards.append(later)
     assert later.columns == d.columns
     assert "GPU" in later.freeze()
+
+
+# -- static pages -------------------------------------------------------------
+
+
+def test_record_html_is_plain_html(stopped):
+    from nbmon.live import record_html
+
+    record = record_html(stopped)
+    assert record.startswith('<div class="nbmon-live-record">')
+    assert 'class="nbmon-summary"' in record and "<svg" in record
+    assert "<script" not in record
+
+
+def test_write_html_is_a_self_contained_page_of_the_whole_run(stopped, tmp_path):
+    from nbmon.live import write_html
+
+    append(stopped.store, 20_000, proc_cpu_percent=10.0)
+    append(stopped.store, 1, proc_cpu_percent=777.0)   # a one-sample spike at the end
+    path = tmp_path / "run.html"
+    assert write_html(stopped, path, title="python <train.py>") == path
+    page = path.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<title>nbmon: python &lt;train.py&gt;</title>" in page
+    assert 'class="nbmon-summary"' in page and "<svg" in page
+    assert "Plotly.newPlot" in page
+    assert not re.search(r"<script[^>]*\bsrc=", page)          # plotly.js is embedded: offline
+    assert len(page) > 1_000_000
+    assert not live_threads()
+
+
+def test_write_html_of_a_monitor_that_never_ran(tmp_path):
+    from nbmon.live import write_html
+
+    path = write_html(Monitor(gpu=False), tmp_path / "empty.html")
+    page = (tmp_path / "empty.html").read_text(encoding="utf-8")
+    assert path == tmp_path / "empty.html"
+    assert 'class="nbmon-summary"' in page and "Plotly.newPlot" in page

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 
 import pandas as pd
 import pytest
@@ -130,6 +131,15 @@ def test_cell_adds_history_row_and_shows_summary_in_place_of_meter(ip):
     del ip.user_ns["rm_buf"]
 
 
+@pytest.mark.parametrize("option, label", [('--label "two words"', "two words"), ("--label 'cpu+memory'", "cpu+memory"),
+                                           ("--label plain", "plain")])
+def test_label_quotes_are_not_part_of_the_label(ip, option, label):
+    with capture_output() as cap:
+        ip.run_cell_magic("resmon", option, "rm_l = 1")
+    assert nbmon.history().iloc[-1]["label"] == label
+    assert f"nbmon · {label}<" in html_of(cap.outputs[-1])
+
+
 def test_cell_starts_its_own_monitor_and_stops_it_afterwards(ip):
     assert not thread_names()
     with capture_output():
@@ -173,8 +183,11 @@ def test_quiet_displays_nothing_but_records(ip):
 def test_failing_cell_reraises_unchanged_and_records_failed(ip):
     before = rows()
     with capture_output() as cap, pytest.raises(ZeroDivisionError, match="division by zero") as info:
-        ip.run_cell_magic("resmon", "--label boom", "rm_before = 1\n1/0")
+        ip.run_cell_magic("resmon", "--label boom", "rm_before = 1\nrm_zero = 0\nrm_before / rm_zero")
     assert type(info.value) is ZeroDivisionError
+    # the traceback ends in the cell's own line, numbered as in the notebook cell (line 1: %%resmon)
+    last = traceback.extract_tb(info.value.__traceback__)[-1]
+    assert (last.lineno, last.line) == (4, "rm_before / rm_zero")
     assert ip.user_ns["rm_before"] == 1
     assert rows() == before + 1
     assert nbmon.history().iloc[-1]["status"] == "failed"
@@ -302,8 +315,10 @@ def test_auto_mode_records_every_cell_until_off(ip):
         ip.run_cell("rm_w = 3")
     assert rows() == after_off
     assert oneliners(cap) == []
-    # the cell that turned auto off closed its own span: only the run's window stays open
-    assert SESSION.monitor.store._windows == [SESSION.monitor._run_window]
+    # the cell that turned auto off closed its own span, and the monitor auto on
+    # started is stopped with it: no window stays open, no sampler runs
+    assert SESSION.monitor.store._windows == []
+    assert not SESSION.monitor.running
 
 
 def test_unload_removes_hooks_and_stops_every_thread(ip):
@@ -342,7 +357,7 @@ MISUSE = [
     ("--interval nan", "nan"),
     ("--interval inf", "inf"),
     ("--interval abc", "abc"),
-    ("--interval 1e9", "1000000000"),
+    ("--interval 1e9", "1e9"),
     ("--window 0.05 --interval 0.1", "0.05"),
     ("auto maybe", "maybe"),
     ("auto on --threshold -1", "-1"),

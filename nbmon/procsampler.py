@@ -1,0 +1,307 @@
+"""A sampler in a helper process, so that no GIL can stall the timeline.
+
+A Python thread inside the kernel cannot run while C code holds the GIL:
+``sum(range(10**9))`` leaves a one-second hole in its timeline. The helper
+process started here reads the same sources for the kernel's pid on its own
+schedule and writes the samples to a pipe; a reader thread in the kernel
+appends them to the store whenever the kernel lets it run. Samples are
+delayed then, never lost (the pipe is enlarged to hold minutes of them).
+
+The helper dies with the kernel (PR_SET_PDEATHSIG, and it exits on EOF of
+its stdin), is reaped by ``stop()``, and is reparented to init (which reaps
+it) if the kernel is killed.
+
+Wire format, helper -> kernel, each message ``kind (1 byte) + length (u32) +
+payload``: ``H`` header JSON (fields, t_start, peak_exact, gpu_state,
+gpu_devices), ``S`` float64 records ``[tag, t, wall, *values]`` (tag > 0
+answers a boundary request), ``F`` faults JSON, ``E`` a start error in
+words. Kernel -> helper, lines on stdin: ``b <tag>`` takes a boundary sample
+now; EOF stops.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+from .sampler import Fault, Sampler
+
+_FRAME = struct.Struct("<cI")
+START_TIMEOUT_S = 5.0
+
+
+# -- the helper process ------------------------------------------------------
+
+def _die_with_parent(parent: int) -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(0)
+
+
+def _write(kind: bytes, payload: bytes) -> None:
+    data = _FRAME.pack(kind, len(payload)) + payload
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
+
+
+def helper_main(argv: list[str]) -> int:
+    import argparse
+
+    from . import nvml
+    from .proctree import ProcessTree
+    from .system import System
+
+    p = argparse.ArgumentParser(prog="nbmon.procsampler")
+    p.add_argument("--pid", type=int, required=True)
+    p.add_argument("--parent", type=int, required=True)
+    p.add_argument("--interval", type=float, required=True)
+    p.add_argument("--flush", type=float, default=0.25)
+    p.add_argument("--no-children", action="store_true")
+    p.add_argument("--no-system", action="store_true")
+    p.add_argument("--no-gpu", action="store_true")
+    p.add_argument("--no-exact-peak", action="store_true")
+    args = p.parse_args(argv)
+    _die_with_parent(args.parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the kernel
+
+    tree = ProcessTree(args.pid, children=not args.no_children, exact_peak=not args.no_exact_peak)
+    sources: list = [tree]
+    if not args.no_system:
+        sources.append(System())
+    gpus = None
+    if not args.no_gpu:
+        gpus = nvml.GPUs(tree_pids=lambda: tree.pids)
+        sources.append(gpus)
+    records: list[np.ndarray] = []
+    lock = threading.Lock()
+    tag = [0.0]
+
+    def sink(t, wall, row):
+        with lock:
+            records.append(np.concatenate(([tag[0], t, wall], row)))
+
+    sampler = Sampler(sources, sink, args.interval, until=lambda: not tree.root_alive)
+    try:
+        sampler.prime()
+    except Exception as err:
+        _write(b"E", f"{type(err).__name__}: {err}".encode())
+        return 1
+    _write(b"H", json.dumps({
+        "fields": sampler.fields, "t_start": sampler.t_start, "peak_exact": tree.peak_exact,
+        "gpu_state": gpus.state if gpus else "off (gpu=False)",
+        "gpu_devices": len(gpus.devices) if gpus else 0}).encode())
+    sampler.launch()
+    sent_faults: dict = {}
+
+    def flush():
+        with lock:
+            batch = records[:]
+            records.clear()
+        if batch:
+            _write(b"S", np.vstack(batch).tobytes())
+        faults = {k: [f.count, f.first_error] for k, f in sampler.faults.items()}
+        if faults != sent_faults:
+            _write(b"F", json.dumps(faults).encode())
+            sent_faults.clear()
+            sent_faults.update(faults)
+
+    stdin = sys.stdin.buffer.raw
+    pending = b""
+    try:
+        while sampler.running:
+            ready, _, _ = select.select([stdin], [], [], args.flush)
+            if ready:
+                chunk = os.read(stdin.fileno(), 4096)
+                if not chunk:  # the kernel closed our stdin: stop
+                    break
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    if line.startswith(b"b "):
+                        with sampler._step_lock:
+                            tag[0] = float(line[2:])
+                            sampler.sample_now()
+                            tag[0] = 0.0
+            flush()
+    finally:
+        sampler.stop(timeout=args.interval + 0.1)
+        flush()
+    return 0
+
+
+# -- the kernel side ---------------------------------------------------------
+
+class ProcessSampler:
+    """Same surface as :class:`~nbmon.sampler.Sampler` for the monitor:
+    ``prime()``, ``launch()``, ``stop()``, ``sample_now()``, ``running``,
+    ``fields``, ``t_start``, ``faults``, ``sink``, ``until``/``on_finish``."""
+
+    name = "nbmon-reader"
+
+    def __init__(self, pid: int, interval: float, *, children: bool = True, system: bool = True,
+                 gpu: bool = True, exact_peak: bool = True):
+        self.pid, self.interval = pid, interval
+        self.options = [f"--pid={pid}", f"--parent={os.getpid()}", f"--interval={interval!r}",
+                        f"--flush={min(0.25, interval)!r}"]
+        self.options += [flag for flag, off in (("--no-children", not children), ("--no-system", not system),
+                                                ("--no-gpu", not gpu), ("--no-exact-peak", not exact_peak))
+                         if off]
+        self.sink = None
+        self.until = None        # the helper ends by itself when the pid exits
+        self.on_finish = None
+        self.fields: tuple[str, ...] = ()
+        self.t_start = math.nan
+        self.info: dict = {}
+        self.faults: dict[str, Fault] = {}
+        self.proc: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
+        self._buffer = b""
+        self._next_tag = 0
+        self._answered = 0
+        self._answer = threading.Condition()
+        self._send_lock = threading.Lock()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def prime(self) -> None:
+        """Start the helper and read its header; raises RuntimeError if it
+        does not come up within START_TIMEOUT_S."""
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nbmon.procsampler", *self.options],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            close_fds=True, start_new_session=True)  # no terminal signals: it stops when told
+        try:
+            fd = self.proc.stdout.fileno()
+            try:  # minutes of samples fit while the kernel holds the GIL
+                fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+            except OSError:
+                pass
+            kind, payload = self._read_message(time.monotonic() + START_TIMEOUT_S)
+            if kind == b"E":
+                raise RuntimeError(payload.decode())
+            if kind != b"H":
+                raise RuntimeError("the sampler process sent no header")
+            self.info = json.loads(payload)
+            self.fields = tuple(self.info["fields"])
+            self.t_start = float(self.info["t_start"])
+        except BaseException:
+            self._kill()
+            raise
+
+    def _read_message(self, deadline: float | None):
+        fd = self.proc.stdout.fileno()
+        while True:
+            if len(self._buffer) >= _FRAME.size:
+                kind, size = _FRAME.unpack_from(self._buffer)
+                if len(self._buffer) >= _FRAME.size + size:
+                    payload = self._buffer[_FRAME.size:_FRAME.size + size]
+                    self._buffer = self._buffer[_FRAME.size + size:]
+                    return kind, payload
+            if deadline is not None:
+                ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    raise RuntimeError(f"the sampler process did not start within {START_TIMEOUT_S:g} s")
+            chunk = os.read(fd, 1 << 20)  # blocks without the GIL: the helper keeps its rhythm
+            if not chunk:
+                return None, b""
+            self._buffer += chunk
+
+    def launch(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        width = 3 + len(self.fields)
+        try:
+            while True:
+                kind, payload = self._read_message(None)
+                if kind is None:
+                    break
+                if kind == b"S":
+                    rows = np.frombuffer(payload).reshape(-1, width)
+                    for row in rows:
+                        self.sink(float(row[1]), float(row[2]), row[3:])
+                    tags = rows[:, 0]
+                    if tags.any():
+                        with self._answer:
+                            self._answered = max(self._answered, int(tags.max()))
+                            self._answer.notify_all()
+                elif kind == b"F":
+                    for name, (count, first) in json.loads(payload).items():
+                        fault = self.faults.setdefault(name, Fault(name, first))
+                        fault.count = count
+        except Exception as err:  # never a traceback from a thread: count it
+            self.faults.setdefault("sampler process", Fault("sampler process", repr(err))).count += 1
+        finally:
+            with self._answer:
+                self._answer.notify_all()
+            if self.on_finish is not None:
+                self.on_finish()
+
+    def sample_now(self) -> bool:
+        """Ask the helper for a sample now and wait (up to an interval) until it is stored."""
+        if not self.running:
+            return False
+        with self._send_lock:
+            self._next_tag += 1
+            tag = self._next_tag
+            try:
+                os.write(self.proc.stdin.fileno(), f"b {tag}\n".encode())
+            except OSError:
+                return False
+        deadline = time.monotonic() + self.interval + 0.25
+        with self._answer:
+            while self._answered < tag and self.running:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._answer.wait(left):
+                    return False
+        return self._answered >= tag
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Close the helper's stdin (it flushes and exits), drain, reap. Bounded."""
+        proc = self.proc
+        if proc is None:
+            return True
+        deadline = time.monotonic() + (self.interval + 0.1 if timeout is None else timeout)
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        if self._thread is not None:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        clean = self._thread is None or not self._thread.is_alive()
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            clean = False
+            self._kill()
+        return clean
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close_sources(self) -> None:
+        self._kill()
+
+
+if __name__ == "__main__":
+    sys.exit(helper_main(sys.argv[1:]))

@@ -1,0 +1,203 @@
+"""Helpers for the notebook and browser tests: reading nbmon's rendered
+summaries back into numbers, bounded polling, and a JupyterLab server run
+as a subprocess."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+_ROW = re.compile(r"<th[^>]*>(.*?)</th>\s*<td[^>]*>(.*?)</td>", re.S)
+_UNITS_MIB = {"MiB": 1.0, "GiB": 1024.0, "TiB": 1024.0 * 1024.0}
+
+
+def summary_rows(fragment: str) -> dict[str, str]:
+    """{row title: value text} of the first ``nbmon-summary`` table in an HTML fragment."""
+    start = fragment.index('class="nbmon-summary"')
+    end = fragment.find("</table>", start)
+    return {html.unescape(k).strip(): html.unescape(v).strip()
+            for k, v in _ROW.findall(fragment[start:end])}
+
+
+def row(rows: dict[str, str], prefix: str) -> str:
+    """The value of the row whose title starts with ``prefix`` ("Peak RSS" matches
+    "Peak RSS (exact)")."""
+    found = [v for k, v in rows.items() if k.startswith(prefix)]
+    assert found, f"no row starting with {prefix!r} in {rows}"
+    return found[0]
+
+
+def mib(text: str) -> float:
+    """'428 MiB' -> 428.0, '1.50 GiB' -> 1536.0 (a leading + or - is kept)."""
+    m = re.fullmatch(r"([+-]?\d+(?:\.\d+)?) (MiB|GiB|TiB)", text.strip())
+    assert m, f"not an amount of memory: {text!r}"
+    return float(m.group(1)) * _UNITS_MIB[m.group(2)]
+
+
+def seconds(text: str) -> float:
+    """'250 ms', '12.3 s', '1 min 15 s', '1 h 2 min' -> seconds."""
+    text = text.strip()
+    for pattern, scale in ((r"(\d+(?:\.\d+)?) ms", (0.001,)), (r"(\d+(?:\.\d+)?) s", (1.0,)),
+                           (r"(\d+) min (\d+) s", (60.0, 1.0)), (r"(\d+) h (\d+) min", (3600.0, 60.0))):
+        m = re.fullmatch(pattern, text)
+        if m:
+            return sum(float(g) * s for g, s in zip(m.groups(), scale))
+    raise AssertionError(f"not a duration: {text!r}")
+
+
+def percent(text: str) -> float:
+    """'97.8 %' -> 97.8; for 'mean / peak' pairs, the first."""
+    m = re.match(r"\s*(\d+(?:\.\d+)?) %", text)
+    assert m, f"not a percentage: {text!r}"
+    return float(m.group(1))
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    """Bounded poll: the predicate's first truthy value; AssertionError naming
+    ``what`` (and the last exception, if any) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as err:  # noqa: BLE001 - reported if the wait fails
+            last_error = err
+        if time.monotonic() > deadline:
+            detail = f" (last error: {type(last_error).__name__}: {last_error})" if last_error else ""
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# JupyterLab 4.6 options (from `jupyter lab --help-all`) that keep a sandboxed
+# server from reaching the network: no news feed, no update check, no PyPI.
+LAB_QUIET_FLAGS = [
+    "--no-browser",
+    "--LabApp.news_url=None",
+    "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    "--LabApp.extension_manager=readonly",  # the "pypi" one would query PyPI
+]
+# ... and the front end's side of it: never ask about news (no toast over the page).
+NOTIFICATION_SETTINGS = ("@jupyterlab/apputils-extension", "notification.jupyterlab-settings",
+                         {"fetchNews": "false", "checkForUpdates": False})
+
+
+class JupyterLab:
+    """A real ``jupyter lab`` server in a subprocess, with its own config,
+    runtime and (when safe) data directories under ``base``."""
+
+    def __init__(self, base: Path, root: Path):
+        self.base, self.root = Path(base), Path(root)
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = self.base / "jupyterlab.log"
+        self.proc: subprocess.Popen | None = None
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in ("config", "runtime", "data"):
+            (self.base / name).mkdir(parents=True, exist_ok=True)
+        env["JUPYTER_CONFIG_DIR"] = str(self.base / "config")
+        env["JUPYTER_RUNTIME_DIR"] = str(self.base / "runtime")
+        # Lab extensions are looked up in the data dir *and* in sys.prefix's
+        # share/jupyter; check_lab_extensions verifies they are still found.
+        env["JUPYTER_DATA_DIR"] = str(self.base / "data")
+        env["JUPYTER_PLATFORM_DIRS"] = "1"
+        env.pop("JUPYTER_PATH", None)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "jupyter", "lab",
+               "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
+               "--ServerApp.port_retries=0",
+               f"--IdentityProvider.token={self.token}",
+               f"--ServerApp.root_dir={self.root}",
+               f"--LabApp.user_settings_dir={self.base / 'settings'}",
+               f"--LabApp.workspaces_dir={self.base / 'workspaces'}",
+               *LAB_QUIET_FLAGS]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-root")
+        return cmd
+
+    def api(self, path: str, method: str = "GET", timeout: float = 5.0):
+        sep = "&" if "?" in path else "?"
+        req = urllib.request.Request(f"{self.url}{path}{sep}token={self.token}", method=method,
+                                     data=b"" if method in ("POST", "DELETE") else None)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read()
+            return json.loads(body) if body else None
+
+    def start(self, timeout: float = 120.0) -> "JupyterLab":
+        plugin, name, settings = NOTIFICATION_SETTINGS
+        (self.base / "settings" / plugin).mkdir(parents=True, exist_ok=True)
+        (self.base / "settings" / plugin / name).write_text(json.dumps(settings))
+        (self.base / "workspaces").mkdir(parents=True, exist_ok=True)
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.command(), cwd=self.root, env=self.env(),
+                                     stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+        def up():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                return self.api("/api/status", timeout=2.0)
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                return None
+
+        try:
+            wait_for(up, timeout, "JupyterLab to answer /api/status")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n--- server log ---\n{self.log_text()}") from None
+        return self
+
+    def log_text(self, tail: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-tail:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """POST /api/shutdown, then wait (bounded) for the process; SIGKILL its
+        process group if it is still there."""
+        if self.proc is None:
+            return
+        # Kernels first (the server would too), each bounded, so none outlives a stuck server.
+        try:
+            for kernel in self.api("/api/kernels") or []:
+                self.api(f"/api/kernels/{kernel['id']}", method="DELETE", timeout=20.0)
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        try:
+            if self.proc.poll() is None:
+                try:
+                    self.api("/api/shutdown", method="POST")
+                except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                    pass
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(10)
+        finally:
+            self.log.close()
