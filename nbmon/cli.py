@@ -9,15 +9,18 @@ exit code 2 before the command starts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 
 from .monitor import Monitor, check_interval
 from .senders import CSVSender, ForwardSamples, JSONLinesSender
+from .summary import ResourceSummary
 
 
 class UsageError(Exception):
@@ -110,14 +113,20 @@ def run(argv: list[str], *, interval, csv=None, jsonl=None, summary_json=None, h
     # process group), nbmon stays to report; SIGTERM is passed on.
     old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
     old_term = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    started = time.monotonic()
     try:
         monitor.start()
-        code = child.wait()
+        # wait4, not wait: the kernel's own account of the command (its peak
+        # RSS and CPU) covers even a command shorter than one interval.
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = code = os.waitstatus_to_exitcode(status)
     finally:
         monitor.stop(timeout=max(1.0, interval + 0.1))
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     summary = monitor.summary()
+    if children:  # the kernel's account includes the command's reaped descendants
+        summary = _with_exit_usage(summary, usage, time.monotonic() - started)
     if summary_json:
         with open(summary_json, "w", encoding="utf-8") as f:
             json.dump(summary.to_dict(), f, indent=2)
@@ -127,10 +136,25 @@ def run(argv: list[str], *, interval, csv=None, jsonl=None, summary_json=None, h
 
         write_html(monitor, html, title=" ".join(argv))
     if not quiet:
-        print(f"\nnbmon: {' '.join(argv)} exited with {code}\n{summary}", file=sys.stderr)
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+        print(f"\nnbmon: {' '.join(argv)} {how}\n{summary}", file=sys.stderr)
     for fault in monitor.faults.values():  # errors (an output that failed) even with --quiet
         print(f"nbmon: {fault.source} failed {fault.count} time(s): {fault.first_error}", file=sys.stderr)
     return 128 - code if code < 0 else code
+
+
+def _with_exit_usage(summary: ResourceSummary, usage, wall_s: float) -> ResourceSummary:
+    """Fold in what the kernel reported when the command was reaped: the
+    largest peak RSS of a single process of it (ru_maxrss, KiB on Linux), and,
+    when no sample was taken at all, its duration and CPU time."""
+    peak_mb = usage.ru_maxrss / 1024.0
+    if peak_mb > summary.peak_rss_mb:
+        summary = dataclasses.replace(summary, peak_rss_mb=peak_mb, peak_rss_exact=True)
+    if summary.num_samples == 0 and wall_s > 0:
+        cpu_s = usage.ru_utime + usage.ru_stime
+        summary = dataclasses.replace(summary, duration_sec=wall_s, cpu_time_sec=cpu_s,
+                                      mean_cpu_percent=cpu_s / wall_s * 100.0)
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:

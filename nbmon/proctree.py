@@ -79,7 +79,12 @@ class _LinuxProc:
             pass
         # The statm fd is bound to this process even if its pid is reused: a
         # successful read after the clock proves the clock was this process's.
-        self.rss_pages = float(os.pread(self.statm_fd, 256, 0).split(b" ", 2)[1])
+        statm = os.pread(self.statm_fd, 256, 0)
+        self.rss_pages = float(statm.split(b" ", 2)[1])
+        if statm.startswith(b"0 "):
+            # No address space left: exiting (memory already released, not yet
+            # a zombie). Its RSS of 0 is not a measurement of the running process.
+            self.exited = True
 
     def read_stat(self, tick_s: float) -> None:
         """Refresh threads and the CPU of reaped children (cutime + cstime),

@@ -52,6 +52,7 @@ class System:
         self.slow_every_s = slow_every_s
         self._stat_fd = self._meminfo_fd = -1
         self._cpu_busy = self._cpu_total = NAN
+        self._cpu_percent = NAN
         self._slow = (NAN,) * (len(FIELDS) - _SLOW)
         self._last_slow_t = -math.inf
         self._last_counters: tuple[float, ...] | None = None
@@ -130,10 +131,12 @@ class System:
         d_total = total - self._cpu_total
         # Clamped: iowait may go backwards (proc(5)), and psutil's float seconds
         # give an unchanged busy time as -1e-9, which the sampler would reject.
-        cpu = min(100.0, max(0.0, (busy - self._cpu_busy) / d_total * 100.0)) if d_total > 0 else NAN
-        # Without a tick elapsed, keep the baseline so the next sample spans both intervals.
+        # Without a tick elapsed (an extra sample right after another), repeat
+        # the last figure and keep the baseline, so the next sample spans both.
         if d_total > 0:
+            self._cpu_percent = min(100.0, max(0.0, (busy - self._cpu_busy) / d_total * 100.0))
             self._cpu_busy, self._cpu_total = busy, total
+        cpu = self._cpu_percent
         if now - self._last_slow_t >= self.slow_every_s:
             self._refresh_slow(now)
         return (cpu,) + self._slow
