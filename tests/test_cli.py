@@ -312,3 +312,13 @@ def test_demo(tmp_path):
     assert "demo: done" in done.stdout
     assert "Peak RSS (exact)" in done.stderr
     assert "exited with 0" in done.stderr
+
+
+def test_html_is_a_self_contained_offline_timeline(tmp_path):
+    done = nbmon("run", "--interval", "0.05", "--html", "run.html", "--",
+                 PY, "-c", "import time; b = b'x' * (64 << 20); time.sleep(0.5)", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "run.html").read_text(encoding="utf-8")
+    assert 'class="nbmon-summary"' in page and "Peak RSS" in page
+    assert "Plotly.newPlot" in page and len(page) > 1_000_000  # plotly.js itself is embedded
+    assert not re.search(r"<script[^>]+src=", page)  # nothing fetched: opens offline
