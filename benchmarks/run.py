@@ -396,7 +396,8 @@ def startup_figures(rounds: int) -> dict:
             m.stop()
         first.append((backend, values))
     resmon = []
-    code = ("import time\nfrom IPython.testing.globalipapp import start_ipython\nip = start_ipython()\n"
+    code = ("import time\nfrom IPython.core.interactiveshell import InteractiveShell\n"
+            "ip = InteractiveShell.instance()\n"
             "ip.run_line_magic('load_ext', 'nbmon')\nimport nbmon.session as s\n"
             "t0 = time.perf_counter()\nimport io, contextlib\n"
             "with contextlib.redirect_stdout(io.StringIO()): ip.run_line_magic('resmon', '')\n"

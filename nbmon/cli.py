@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -23,6 +24,9 @@ from .senders import CSVSender, ForwardSamples, JSONLinesSender
 from .summary import ResourceSummary
 
 
+VERBS = ("run", "demo")
+
+
 class UsageError(Exception):
     pass
 
@@ -34,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="nbmon", description="CPU, memory and GPU of a command's whole process tree.")
-    sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    sub = p.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run CMD under the monitor", usage="nbmon run [options] -- CMD [ARGS...]")
     run.add_argument("--interval", default="0.1", metavar="S", help="seconds between samples (default 0.1)")
     run.add_argument("--csv", metavar="PATH", help="stream every sample to this CSV file as it is taken")
@@ -98,14 +102,21 @@ def run(argv: list[str], *, interval, csv=None, jsonl=None, summary_json=None, h
     if shutil.which(argv[0]) is None and not (os.sep in argv[0] and os.path.exists(argv[0])):
         print(f"nbmon: command not found: {argv[0]}", file=sys.stderr)
         return 127
+    # A path that cannot run is refused before the outputs are opened: --force would truncate them.
+    if os.sep in argv[0] and (os.path.isdir(argv[0]) or not os.access(argv[0], os.X_OK)):
+        print(f"nbmon: cannot run {argv[0]}: {os.strerror(errno.EACCES)}", file=sys.stderr)
+        return 126
+    created = [p for p in (csv, jsonl) if p is not None and not os.path.exists(p)]
     senders = [s for s in (_open_sender(CSVSender, csv, force),
                            _open_sender(JSONLinesSender, jsonl, force)) if s is not None]
     consumers = [ForwardSamples(s, every_s=min(1.0, max(interval, 0.2))) for s in senders]
     try:
         child = subprocess.Popen(argv)
-    except OSError as err:  # found on PATH but not executable, say
+    except OSError as err:  # found but cannot run: not a binary, a missing interpreter, ...
         for s in senders:
             s.close()
+        for path in created:  # the command never ran: leave no empty output files behind
+            os.unlink(path)
         print(f"nbmon: cannot run {argv[0]}: {err.strerror}", file=sys.stderr)
         return 126
     monitor = Monitor(child.pid, interval, gpu=gpu, children=children, consumers=consumers)
@@ -160,6 +171,12 @@ def _with_exit_usage(summary: ResourceSummary, usage, wall_s: float) -> Resource
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
+        # argparse would say "the following arguments are required: verb" or
+        # "argument verb: invalid choice": name the subcommand as the magics do.
+        if not args:
+            raise UsageError(f"missing subcommand; use one of: {', '.join(VERBS)}")
+        if args[0] not in VERBS and not args[0].startswith("-"):
+            raise UsageError(f"unknown subcommand {args[0]!r}; use one of: {', '.join(VERBS)}")
         ns = _parser().parse_args(args)
         interval = _interval(ns.interval)
         if ns.verb == "demo":

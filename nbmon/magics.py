@@ -7,16 +7,23 @@ from __future__ import annotations
 
 import ast
 import math
+import sys
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import HTML, display
 
-from .monitor import check_interval
+from .monitor import BACKENDS, check_interval
 from .session import DEFAULT_INTERVAL, SESSION, cell_html, one_line
 
 SUBCOMMANDS = ("start", "stop", "status", "summary", "auto")
+# The live dashboard runs for long: a helper process keeps its timeline whole
+# while C code holds the GIL (benchmarks/RESULTS.md, gaps). %%resmon and auto
+# mode start a thread-backend monitor when none runs: a helper's start-up
+# (~0.3 s) per cell would cost more than it saves, and a cell's summary is
+# exact either way (cumulative CPU clocks, the kernel's peak RSS).
+DEFAULT_BACKEND = "process" if sys.platform.startswith("linux") else "thread"
 
 
 def _seconds(text: str | None, name: str, default: float, *, zero_ok: bool = False) -> float:
@@ -60,6 +67,9 @@ class ResmonMagics(Magics):
     @argument("--no-gpu", action="store_true", help="do not read NVIDIA GPUs")
     @argument("--no-children", action="store_true", help="only the kernel process, not its children")
     @argument("--no-system", action="store_true", help="no machine-wide figures")
+    @argument("--backend", choices=BACKENDS, default=None,
+              help="%%resmon start: sample from a helper process (default on Linux: no GIL-held C "
+                   "call can stall it) or from a thread in the kernel")
     @argument("--label", default="", help="cell magic: a name for this cell in nbmon.history()")
     @argument("--quiet", action="store_true", help="cell magic: no live meter and no summary output")
     @argument("-o", "--output", action="store_true",
@@ -111,7 +121,8 @@ class ResmonMagics(Magics):
                 print(f"nbmon: already sampling every {monitor.interval:g} s; "
                       f"%resmon stop first to change the interval")
         else:
-            monitor, _ = SESSION.ensure_monitor(interval, gpu=not args.no_gpu,
+            monitor, _ = SESSION.ensure_monitor(interval, backend=args.backend or DEFAULT_BACKEND,
+                                                gpu=not args.no_gpu,
                                                 children=not args.no_children,
                                                 system=not args.no_system)
         dashboard = Dashboard(monitor, window_s=window)

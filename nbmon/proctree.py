@@ -11,6 +11,8 @@ import os
 import sys
 import time
 
+from .procfs import pread
+
 NAN = math.nan
 MIB = 1024.0 * 1024.0
 
@@ -79,7 +81,7 @@ class _LinuxProc:
             pass
         # The statm fd is bound to this process even if its pid is reused: a
         # successful read after the clock proves the clock was this process's.
-        statm = os.pread(self.statm_fd, 256, 0)
+        statm = pread(self.statm_fd, 256)
         self.rss_pages = float(statm.split(b" ", 2)[1])
         if statm.startswith(b"0 "):
             # No address space left: exiting (memory already released, not yet
@@ -89,7 +91,7 @@ class _LinuxProc:
     def read_stat(self, tick_s: float) -> None:
         """Refresh threads and the CPU of reaped children (cutime + cstime),
         which only change when a child is reaped: read on a cadence."""
-        stat = os.pread(self.stat_fd, 1024, 0)
+        stat = pread(self.stat_fd, 1024)
         fields = stat[stat.rindex(b")") + 2:].split(b" ", 20)
         self.children_s = (int(fields[13]) + int(fields[14])) * tick_s
         self.threads = float(fields[17])
@@ -115,7 +117,7 @@ class _LinuxProc:
     def child_pids(self) -> list[int]:
         if self.children_fd < 0:
             return []
-        return [int(p) for p in os.pread(self.children_fd, 65536, 0).split()]
+        return [int(p) for p in pread(self.children_fd, 65536).split()]
 
     def all_thread_child_pids(self) -> list[int]:
         pids = []
@@ -277,7 +279,7 @@ class _ProcBackend:
 
     def root_peak_mb(self) -> float:
         try:
-            status = os.pread(self._status_fd, 4096, 0)
+            status = pread(self._status_fd, 4096)
         except OSError:
             return NAN
         at = status.find(b"VmHWM:")

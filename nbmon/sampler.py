@@ -65,6 +65,9 @@ class Sampler:
         self.t_start = NAN
         self.fields: tuple[str, ...] = ()
         self._stop = event()
+        self._final = False      # stop() asked the thread for the run's final sample
+        self._abandoned = False  # stop() gave up on the thread: it must never write again
+        self._sink_lock = threading.Lock()
         # Serialises the thread's samples with sample_now(): sources are not thread-safe.
         self._step_lock = threading.RLock()
         self._thread: threading.Thread | None = None
@@ -108,17 +111,24 @@ class Sampler:
             raise
         self._thread = thread
 
-    def stop(self, timeout: float | None = None) -> bool:
+    def stop(self, timeout: float | None = None, *, final: bool = False) -> bool:
         """Stop sampling; returns within ``interval + 0.1`` s (or ``timeout``)
-        even if a source is stuck. Returns False if the thread had to be
+        even if a source is stuck. With ``final`` the thread takes one last
+        sample as it ends (never the caller: a source that sticks in it must
+        not hold up the caller). Returns False if the thread had to be
         abandoned: it is a daemon, owns its sources, and exits (closing them)
         when the stuck call returns, without writing to the sink again."""
+        self._final = final
         self._stop.set()
         thread = self._thread
         if thread is None:
             return True
         thread.join(self.interval + 0.1 if timeout is None else timeout)
-        return not thread.is_alive()
+        if thread.is_alive():
+            with self._sink_lock:  # a final sample still being read is not stored
+                self._abandoned = True
+            return False
+        return True
 
     def step(self, now: float) -> None:
         """Take one sample at ``now`` and hand it to the sink."""
@@ -148,6 +158,27 @@ class Sampler:
         finally:
             self._step_lock.release()
         return True
+
+    def _final_step(self) -> None:
+        """The run's last sample, asked for by stop(final=True), with the
+        boundary reads of sample_now() (the exact peak up to the end)."""
+        with self._step_lock:
+            for source in self.sources:
+                try:
+                    boundary = getattr(source, "boundary", None)
+                    if boundary is not None:
+                        boundary()
+                except Exception as err:
+                    self._fault(source, err)
+            now = self.clock()
+            row = self.read(now)
+            with self._sink_lock:
+                if self._abandoned or (self.until is not None and self.until()):
+                    return
+                try:
+                    self.sink(now, self.wall(), row)
+                except Exception as err:
+                    self._fault(self.sink, err)
 
     def read(self, now: float) -> np.ndarray:
         values: list = []
@@ -226,6 +257,8 @@ class Sampler:
                 # Fell behind (suspended, GIL held, a slow source): skip the
                 # missed ticks, never burst, and stay on the same grid.
                 tick = max(tick + 1, math.floor((clock() - t_start) / interval) + 1)
+            if self._final:
+                self._final_step()
         finally:
             with self._step_lock:  # not while a sample_now() is reading them
                 self.close_sources()

@@ -21,13 +21,14 @@ class Session:
         self.last: ResourceSummary | None = None
 
     def ensure_monitor(self, interval: float = DEFAULT_INTERVAL, *, gpu: bool = True,
-                       children: bool = True, system: bool = True) -> tuple[Monitor, bool]:
+                       children: bool = True, system: bool = True,
+                       backend: str = "thread") -> tuple[Monitor, bool]:
         """The running monitor, starting one if needed; the flag says whether
         this call started it."""
         if self.monitor is not None and self.monitor.running:
             return self.monitor, False
         self.monitor = Monitor(interval=check_interval(interval), gpu=gpu, children=children,
-                               system=system)
+                               system=system, backend=backend)
         self.monitor.start()
         return self.monitor, True
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -83,10 +84,12 @@ class ResourceSummary:
         """Inverse of :meth:`to_dict`. Raises ValueError naming any missing,
         unknown or mistyped key."""
         if not isinstance(data, dict):
-            raise ValueError(f"ResourceSummary.from_dict needs a dict, got {type(data).__name__}")
+            # Name the value itself (shortened), not only its type: "got list" does not say which.
+            raise ValueError(f"ResourceSummary.from_dict needs a dict, got {reprlib.repr(data)} "
+                             f"({type(data).__name__})")
         missing = [k for k in _REQUIRED if k not in data]
         if missing:
-            raise ValueError(f"ResourceSummary.from_dict: missing key(s) {', '.join(missing)}")
+            raise ValueError(f"ResourceSummary.from_dict: missing key(s) {', '.join(map(repr, missing))}")
         unknown = sorted(set(data) - set(_TYPES))
         if unknown:
             raise ValueError(f"ResourceSummary.from_dict: unknown key(s) {', '.join(map(repr, unknown))}")
@@ -146,7 +149,7 @@ def _checked(name: str, value):
     kind = _TYPES[name]
     if value is None:
         if name in _REQUIRED:
-            raise ValueError(f"ResourceSummary.from_dict: {name} must not be None")
+            raise ValueError(f"ResourceSummary.from_dict: {name} must be a number, got None")
         return None
     if kind.startswith("bool"):
         if not isinstance(value, bool):

@@ -12,6 +12,8 @@ import math
 import os
 import sys
 
+from .procfs import pread
+
 NAN = math.nan
 MIB = 1024.0 * 1024.0
 
@@ -66,7 +68,7 @@ class System:
 
     def _cpu_times(self) -> tuple[float, float]:
         if self.use_proc:
-            line = os.pread(self._stat_fd, 256, 0).split(b"\n", 1)[0]
+            line = pread(self._stat_fd, 256).split(b"\n", 1)[0]
             ticks = [int(x) for x in line.split()[1:9]]
             idle = ticks[3] + ticks[4]  # idle + iowait
             total = sum(ticks)
@@ -81,7 +83,7 @@ class System:
     def _memory_mb(self) -> tuple[float, float, float]:
         """(total, available, swap used) in MiB."""
         if self.use_proc:
-            text = os.pread(self._meminfo_fd, 4096, 0)
+            text = pread(self._meminfo_fd, 4096)
             return (_meminfo_kb(text, b"MemTotal:") / 1024.0,
                     _meminfo_kb(text, b"MemAvailable:") / 1024.0,
                     (_meminfo_kb(text, b"SwapTotal:") - _meminfo_kb(text, b"SwapFree:")) / 1024.0)

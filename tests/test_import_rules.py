@@ -17,7 +17,7 @@ MODULES = sorted(p.stem for p in PACKAGE.glob("*.py"))
 
 # procsampler (the helper-process sampler, added after the layer list was
 # written) reads the same sources as the sampler and is monitor's backend.
-LAYERS = ("render", "proctree", "system", "nvml", "sampler", "procsampler", "store", "summary",
+LAYERS = ("render", "procfs", "proctree", "system", "nvml", "sampler", "procsampler", "store", "summary",
           "senders", "export", "monitor", "frames", "meter", "live", "session", "resources",
           "system_monitor", "magics", "cli", "demo")
 
