@@ -66,6 +66,8 @@ def new_threads(before: set) -> list[threading.Thread]:
 def run_nbmon(backend):
     def run(workload, interval):
         monitor = Monitor(interval=interval, gpu=False, backend=backend).start()
+        while monitor.store.seq == 0:  # running, like calibrax's sample taken at start
+            time.sleep(0.001)
         if backend == "thread":
             tid = next(t.native_id for t in threading.enumerate() if t.name == "nbmon-sampler")
             cpu = lambda: thread_cpu_s(tid)  # noqa: E731
@@ -172,7 +174,7 @@ def gil_held_call():
     # One C call that keeps the GIL for about a second on this machine.
     def work():
         time.sleep(0.3)
-        sum(range(25_000_000))
+        sum(range(100_000_000))
         time.sleep(0.3)
     return work
 

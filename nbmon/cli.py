@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 from .monitor import Monitor, check_interval
 from .senders import CSVSender, ForwardSamples, JSONLinesSender
@@ -132,20 +133,27 @@ def run(argv: list[str], *, interval, csv=None, jsonl=None, summary_json=None, h
         _, status, usage = os.wait4(child.pid, 0)
         child.returncode = code = os.waitstatus_to_exitcode(status)
     finally:
-        monitor.stop(timeout=max(1.0, interval + 0.1))
+        with warnings.catch_warnings():  # faults are listed below, once
+            warnings.simplefilter("ignore", RuntimeWarning)
+            monitor.stop(timeout=max(1.0, interval + 0.1))
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     summary = monitor.summary()
     if children:  # the kernel's account includes the command's reaped descendants
         summary = _with_exit_usage(summary, usage, time.monotonic() - started)
-    if summary_json:
-        with open(summary_json, "w", encoding="utf-8") as f:
-            json.dump(summary.to_dict(), f, indent=2)
-            f.write("\n")
-    if html:
-        from .live import write_html
+    try:
+        if summary_json:
+            # "x" unless --force: a file that appeared while the command ran is not ours to replace.
+            with open(summary_json, "w" if force else "x", encoding="utf-8") as f:
+                json.dump(summary.to_dict(), f, indent=2)
+                f.write("\n")
+        if html:
+            from .live import write_html
 
-        write_html(monitor, html, title=" ".join(argv))
+            write_html(monitor, html, title=" ".join(argv), overwrite=force)
+    except FileExistsError as err:
+        print(f"nbmon: error: {err.filename} appeared while the command ran; not replaced "
+              f"(add --force to replace it)", file=sys.stderr)
     if not quiet:
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
         print(f"\nnbmon: {' '.join(argv)} {how}\n{summary}", file=sys.stderr)

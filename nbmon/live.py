@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import math
+import os
 import re
 import threading
 import time
@@ -36,6 +37,14 @@ _EMPTY = np.empty(0, dtype=np.float32)
 _ROW_PX = 170
 _TIMELINE_POINTS = 600
 _GPU_COLUMN = re.compile(r"gpu(\d+)_util_percent")
+
+
+class FigureWidget(go.FigureWidget):  # the same name: callers check it
+    # anywidget connects every widget whose _esm is a file to that file's
+    # change signal, with a strong reference that close() does not drop:
+    # each Dashboard (one per %resmon) would stay in memory for good. The
+    # file's text as a plain string is the same module without the watch.
+    _esm = str(go.FigureWidget._esm)
 
 
 def _traces_for(columns, gpu_indices):
@@ -120,10 +129,11 @@ def record_html(monitor) -> str:
 
 
 def write_html(monitor, path, *, title: str | None = None,
-               budget_per_trace: int = 5000) -> str:
+               budget_per_trace: int = 5000, overwrite: bool = True) -> str:
     """Write a self-contained, offline HTML page of the monitor's run: the
     static record and an interactive plotly chart of the whole run (x in
-    seconds since the first sample held; plotly.js embedded). Returns ``path``."""
+    seconds since the first sample held; plotly.js embedded). Returns ``path``.
+    With ``overwrite=False`` an existing file is left alone (FileExistsError)."""
     import plotly.io as pio
 
     gpu_indices, traces = _columns_of(monitor)
@@ -147,7 +157,10 @@ def write_html(monitor, path, *, title: str | None = None,
             '<body style="font-family:system-ui,sans-serif;margin:16px">'
             f'<h3 style="margin:0 0 8px">nbmon: {html.escape(name)}</h3>'
             f'{record_html(monitor)}{plot}</body></html>\n')
-    with open(path, "w", encoding="utf-8") as f:
+    # O_EXCL unless told: a caller that checked for the file long before
+    # (nbmon run, before its command ran) must not truncate one made since.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if overwrite else os.O_EXCL)
+    with open(os.open(path, flags, 0o666), "w", encoding="utf-8") as f:  # the user's umask applies
         f.write(page)
     return path
 
@@ -197,11 +210,11 @@ class Dashboard:
             self.start()
 
     # -- figure ------------------------------------------------------------
-    def _make_figure(self) -> go.FigureWidget:
+    def _make_figure(self) -> go.FigureWidget:  # nbmon's FigureWidget: see there
         fig = _figure(self.traces, bool(self.gpu_indices), "seconds before now")
         fig.update_xaxes(range=[-self.window_s, 0.0], autorange=False)
         fig.update_layout(title_text="waiting for samples…", uirevision="nbmon")
-        return go.FigureWidget(fig)
+        return FigureWidget(fig)
 
     def _title(self, latest: dict) -> str:
         parts = [f"CPU {fmt_plain(latest.get('proc_cpu_percent', math.nan), ' %')}",

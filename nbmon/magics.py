@@ -92,6 +92,10 @@ class ResmonMagics(Magics):
             if args.subcommand != "start" or args.value:
                 raise UsageError(f"%%resmon takes options only, not {args.subcommand!r}")
             return self._run_cell(cell, interval, args)
+        cell_only = [name for name, given in (("--label", args.label), ("--quiet", args.quiet),
+                                              ("-o", args.output)) if given]
+        if cell_only:
+            raise UsageError(f"{', '.join(cell_only)} only apply to a %%resmon cell")
         if args.subcommand not in SUBCOMMANDS:
             raise UsageError(f"unknown %resmon subcommand {args.subcommand!r}; "
                              f"use one of: {', '.join(SUBCOMMANDS)}")
@@ -134,7 +138,9 @@ class ResmonMagics(Magics):
         self._auto("off", 1.0, DEFAULT_INTERVAL, quiet=True)
         summary = SESSION.stop()
         for dashboard, handle in self.dashboards:
-            record = dashboard.freeze()
+            # close(), not just freeze(): the static record replaces the chart,
+            # and an open widget would stay in ipywidgets' registry for good.
+            record = dashboard.close()
             if handle is not None:
                 handle.update(HTML(record))
         self.dashboards.clear()
@@ -163,7 +169,8 @@ class ResmonMagics(Magics):
         record = handle = None
         try:
             with SESSION.cell(label=args.label, execution_count=shell.execution_count, interval=interval,
-                              keep_running=self.auto_threshold_s is not None) as record:
+                              keep_running=self.auto_threshold_s is not None, gpu=not args.no_gpu,
+                              children=not args.no_children, system=not args.no_system) as record:
                 feed = None
                 if not args.quiet:
                     meter = Meter(label=args.label or f"cell {shell.execution_count}")

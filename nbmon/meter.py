@@ -40,8 +40,10 @@ class Meter(anywidget.AnyWidget):
     ``running``, so a meter can't keep ticking after its cell ended.
     """
 
-    # Built by js/build.mjs; shipped in the wheel so users need no node.
-    _esm = pathlib.Path(__file__).parent / "static" / "meter.js"
+    # Built by js/build.mjs; shipped in the wheel so users need no node. The
+    # text, not the Path: anywidget would connect every Meter (one per cell)
+    # to the file's change signal with a strong reference, never dropped.
+    _esm = (pathlib.Path(__file__).parent / "static" / "meter.js").read_text(encoding="utf-8")
 
     label = t.Unicode("").tag(sync=True)
     status = t.Unicode("running").tag(sync=True)

@@ -63,9 +63,14 @@ def check_pid(pid) -> int:
 
 
 class _SenderThread:
-    def __init__(self, monitor: "Monitor", consumers: Sequence[Consumer]):
+    def __init__(self, monitor: "Monitor", consumers: Sequence[Consumer], store: Store):
         self.monitor = monitor
         self.consumers = list(consumers)
+        # Its own run's store and number: a thread abandoned by stop() never
+        # reads a later run's store, nor ticks or closes the consumers once a
+        # later run has taken them over.
+        self.store = store
+        self.run = monitor._runs
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(self.stop_event,),
                                        name="nbmon-sender", daemon=True)
@@ -83,17 +88,25 @@ class _SenderThread:
                         self._tick(c, False)
                         due[id(c)] = max(due[id(c)] + c.every_s, now)
             for c in self.consumers:
+                if self.retired:
+                    break
                 self._tick(c, True)
         finally:
             for c in self.consumers:
+                if self.retired:
+                    break
                 try:
                     c.close()
                 except Exception as err:
                     self.monitor._consumer_fault(c, err)
 
+    @property
+    def retired(self) -> bool:
+        return self.monitor._runs != self.run
+
     def _tick(self, consumer: Consumer, final: bool) -> None:
         try:
-            consumer.tick(self.monitor.store, final)
+            consumer.tick(self.store, final)
         except Exception as err:  # a broken sender must not stop the others
             self.monitor._consumer_fault(consumer, err)
 
@@ -141,6 +154,7 @@ class Monitor:
         self._senders: _SenderThread | None = None
         self._run_window: Window | None = None
         self._consumer_faults: dict[str, Fault] = {}
+        self._runs = 0
         self._lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------
@@ -166,7 +180,8 @@ class Monitor:
             self.store = store
             self._run_window = store.open_window(sampler.t_start)
             self._consumer_faults = {}
-            senders = _SenderThread(self, self.consumers) if self.consumers else None
+            self._runs += 1
+            senders = _SenderThread(self, self.consumers, store) if self.consumers else None
             if senders is not None:
                 # When the watched process exits, the consumers get their final tick at once.
                 sampler.on_finish = senders.stop_event.set
@@ -226,8 +241,9 @@ class Monitor:
         if sampler is None:
             return True
         deadline = time.monotonic() + (self.interval + 0.1 if timeout is None else timeout)
-        sampler.sample_now()  # the run ends with its final state, even one shorter than an interval
-        clean = sampler.stop(timeout=max(0.0, deadline - time.monotonic()))
+        # The run ends with its final state, even one shorter than an interval,
+        # read by the sampler itself: a source that sticks in it cannot hold us.
+        clean = sampler.stop(timeout=max(0.0, deadline - time.monotonic()), final=True)
         if senders is not None:
             senders.stop_event.set()
             senders.thread.join(max(0.0, deadline - time.monotonic()))
@@ -236,6 +252,13 @@ class Monitor:
         if self._run_window is not None:
             self._run_window.close()
         _running.discard(self)
+        # Said once per failing source, here in the caller's thread (never from
+        # the sampler's): the thread only counts; faults has the details.
+        for fault in list(sampler.faults.values()):
+            if not fault.reported:
+                fault.reported = True
+                warnings.warn(f"nbmon: {fault.source} failed {fault.count} time(s) in this run, "
+                              f"first: {fault.first_error}", RuntimeWarning, stacklevel=3)
         return clean
 
     def __enter__(self) -> "Monitor":
@@ -329,19 +352,31 @@ class Span:
 def _signal_all_at_exit() -> None:
     # Only signal: joining here could block interpreter exit behind a stuck source.
     for monitor in list(_running):
-        sampler = monitor._sampler
-        if sampler is not None:
-            sampler._stop.set()
+        stop = getattr(monitor._sampler, "_stop", None)  # a helper process ends on the EOF of our exit
+        if stop is not None:
+            stop.set()
 
 
 def _forget_all_in_child() -> None:
     # Threads do not survive fork; the child starts with no sampler and fresh locks.
     for monitor in list(_running):
         monitor._lock = threading.Lock()
-        monitor._sampler = None
+        sampler, monitor._sampler = monitor._sampler, None
         monitor._senders = None
         if monitor.store is not None:
             monitor.store._lock = threading.Lock()
+        # The child's copies of the parent's descriptors: the helper's pipes
+        # (the helper would never see EOF while the child lives) and the
+        # /proc files of nbmon's own sources. User sources are left alone.
+        after_fork = getattr(sampler, "after_fork_in_child", None)
+        if after_fork is not None:
+            after_fork()
+        for source in getattr(sampler, "sources", ()):
+            if isinstance(source, (ProcessTree, System)):
+                try:
+                    source.close()
+                except OSError:
+                    pass
     _running.clear()
 
 

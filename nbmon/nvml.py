@@ -11,6 +11,7 @@ pynvml looks (``libnvidia-ml.so.1`` on the loader path).
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import threading
 
@@ -261,8 +262,10 @@ class NVMLProfiler:
 
     def __init__(self, device_index: int = 0):
         # A bool or str would pass (or break) the range check below with an unclear error.
-        if isinstance(device_index, bool) or not isinstance(device_index, int):
+        # numbers.Integral: a numpy integer (np.arange, an array element) is a whole number too.
+        if isinstance(device_index, bool) or not isinstance(device_index, numbers.Integral):
             raise ValueError(f"device_index must be a whole number, got {device_index!r}")
+        device_index = int(device_index)
         if not init():
             raise RuntimeError(f"no NVIDIA GPU is usable: {status()}")
         if not 0 <= device_index < _device_count:

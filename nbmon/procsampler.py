@@ -7,9 +7,11 @@ schedule and writes the samples to a pipe; a reader thread in the kernel
 appends them to the store whenever the kernel lets it run. Samples are
 delayed then, never lost (the pipe is enlarged to hold minutes of them).
 
-The helper dies with the kernel (PR_SET_PDEATHSIG, and it exits on EOF of
-its stdin), is reaped by ``stop()``, and is reparented to init (which reaps
-it) if the kernel is killed.
+The helper exits on EOF of its stdin and as soon as its parent is gone
+(checked every flush), is reaped by ``stop()``, and is reparented to init
+(which reaps it) if the kernel is killed. (Not PR_SET_PDEATHSIG: it fires
+when the *thread* that started the helper ends, which would kill a monitor
+started from a short-lived thread.)
 
 Wire format, helper -> kernel, each message ``kind (1 byte) + length (u32) +
 payload``: ``H`` header JSON (fields, t_start, peak_exact, gpu_state,
@@ -42,16 +44,6 @@ START_TIMEOUT_S = 5.0
 
 # -- the helper process ------------------------------------------------------
 
-def _die_with_parent(parent: int) -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(0)
-
-
 def _write(kind: bytes, payload: bytes) -> None:
     data = _FRAME.pack(kind, len(payload)) + payload
     view = memoryview(data)
@@ -76,7 +68,8 @@ def helper_main(argv: list[str]) -> int:
     p.add_argument("--no-gpu", action="store_true")
     p.add_argument("--no-exact-peak", action="store_true")
     args = p.parse_args(argv)
-    _die_with_parent(args.parent)
+    if os.getppid() != args.parent:  # the parent died while we started
+        return 0
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the kernel
 
     tree = ProcessTree(args.pid, children=not args.no_children, exact_peak=not args.no_exact_peak)
@@ -123,7 +116,7 @@ def helper_main(argv: list[str]) -> int:
     stdin = sys.stdin.buffer.raw
     pending = b""
     try:
-        while sampler.running:
+        while sampler.running and os.getppid() == args.parent:
             ready, _, _ = select.select([stdin], [], [], args.flush)
             if ready:
                 chunk = os.read(stdin.fileno(), 4096)
@@ -139,7 +132,7 @@ def helper_main(argv: list[str]) -> int:
                             tag[0] = 0.0
             flush()
     finally:
-        sampler.stop(timeout=args.interval + 0.1)
+        sampler.stop(timeout=args.interval + 0.1, final=True)  # the run ends with its final state
         flush()
     return 0
 
@@ -218,7 +211,7 @@ class ProcessSampler:
                 ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
                 if not ready:
                     raise RuntimeError(f"the sampler process did not start within {START_TIMEOUT_S:g} s")
-            chunk = os.read(fd, 1 << 20)  # blocks without the GIL: the helper keeps its rhythm
+            chunk = os.read(fd, 65536)  # blocks without the GIL: the helper keeps its rhythm
             if not chunk:
                 return None, b""
             self._buffer += chunk
@@ -274,8 +267,10 @@ class ProcessSampler:
                     return False
         return self._answered >= tag
 
-    def stop(self, timeout: float | None = None) -> bool:
-        """Close the helper's stdin (it flushes and exits), drain, reap. Bounded."""
+    def stop(self, timeout: float | None = None, *, final: bool = True) -> bool:
+        """Close the helper's stdin (it takes a final sample, flushes and
+        exits), drain, reap. Bounded. (``final`` is the Sampler's keyword:
+        the helper always ends its run with a final sample.)"""
         proc = self.proc
         if proc is None:
             return True
@@ -292,12 +287,32 @@ class ProcessSampler:
         except subprocess.TimeoutExpired:
             clean = False
             self._kill()
+        self._close_stdout()
         return clean
 
     def _kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._close_stdout()
+
+    def _close_stdout(self) -> None:
+        # Not while the reader thread may still read it (its fd number could be reused).
+        if self.proc is not None and not self.running:
+            try:
+                self.proc.stdout.close()
+            except OSError:
+                pass
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: drop its copies of the pipes, so that the helper
+        still sees EOF when the parent stops it."""
+        for pipe in (self.proc.stdin, self.proc.stdout) if self.proc is not None else ():
+            try:
+                pipe.close()
+            except (OSError, ValueError):
+                pass
+        self._thread = None
 
     def close_sources(self) -> None:
         self._kill()

@@ -82,11 +82,10 @@ class _LinuxProc:
         # The statm fd is bound to this process even if its pid is reused: a
         # successful read after the clock proves the clock was this process's.
         statm = pread(self.statm_fd, 256)
-        self.rss_pages = float(statm.split(b" ", 2)[1])
-        if statm.startswith(b"0 "):
-            # No address space left: exiting (memory already released, not yet
-            # a zombie). Its RSS of 0 is not a measurement of the running process.
-            self.exited = True
+        # No address space for an instant (mid-exec, or exiting before it is a
+        # zombie): 0 would not be a measurement; keep the last reading.
+        if not statm.startswith(b"0 "):
+            self.rss_pages = float(statm.split(b" ", 2)[1])
 
     def read_stat(self, tick_s: float) -> None:
         """Refresh threads and the CPU of reaped children (cutime + cstime),
@@ -97,6 +96,7 @@ class _LinuxProc:
         self.threads = float(fields[17])
         if fields[0] == b"Z":
             self.own_s = (int(fields[11]) + int(fields[12])) * tick_s
+            self.rss_pages = 0.0  # a zombie holds no memory
             # Exited, only waiting to be reaped (a zombie leader whose other
             # threads still run shows more than one thread).
             self.exited = self.threads <= 1
@@ -210,7 +210,11 @@ class ProcessTree:
         slow = now - self._last_slow_t >= self.slow_every_s
         if slow:
             self._last_slow_t = now
-        cpu_s = b.refresh(now, slow=slow)
+        # Never backwards: a child's CPU is read in ns while it lives, but once
+        # reaped it moves into its parent's cutime in whole 10 ms ticks, so the
+        # total can dip by up to a tick (below 0 early in a run, which the
+        # sampler rejects as a fault). The dip is made up when the tick comes.
+        cpu_s = max(b.refresh(now, slow=slow), self._last_cpu_s)
         dt = now - self._last_t
         # CPU found late (a child discovered after it ran) cannot have been
         # used within one interval: show at most every CPU busy and carry the

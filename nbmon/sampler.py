@@ -257,7 +257,9 @@ class Sampler:
                 # Fell behind (suspended, GIL held, a slow source): skip the
                 # missed ticks, never burst, and stay on the same grid.
                 tick = max(tick + 1, math.floor((clock() - t_start) / interval) + 1)
-            if self._final:
+                if t_start + tick * interval <= now:  # rounding put the next tick on this sample
+                    tick += 1
+            if self._final and not self._abandoned:  # abandoned: its sources may be in use again
                 self._final_step()
         finally:
             with self._step_lock:  # not while a sample_now() is reading them

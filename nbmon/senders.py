@@ -69,14 +69,12 @@ def _number(v) -> float | None:
     return None if math.isnan(v) or math.isinf(v) else v
 
 
-class CSVSender:
-    """Writes each event as a CSV row; the header comes from the first event
-    (or ``columns``). Unknown values are empty cells."""
+class _FileSender:
+    """A sender writing whole lines to a file it creates; subclasses turn
+    events into lines (``_lines``)."""
 
-    def __init__(self, path, *, columns: Sequence[str] | None = None, overwrite: bool = False):
+    def __init__(self, path, overwrite: bool):
         self._file = _LineFile(path, overwrite)
-        self.columns = list(columns) if columns else None
-        self._header_done = False
 
     @property
     def path(self) -> str:
@@ -90,23 +88,39 @@ class CSVSender:
         self.publish_many([event])
 
     def publish_many(self, events: Sequence[Mapping]) -> None:
-        if not events:
-            return
-        lines = []
-        if self.columns is None:
-            self.columns = list(events[0])
-        if not self._header_done:
-            lines.append(",".join(_csv_cell(c) for c in self.columns))
-        for event in events:
-            lines.append(",".join(_csv_value(event.get(c)) for c in self.columns))
-        self._file.write_lines("\n".join(lines) + "\n", len(lines))
-        self._header_done = True
+        if events:
+            lines = self._lines(events)
+            self._file.write_lines("".join(line + "\n" for line in lines), len(lines))
+
+    def _lines(self, events: Sequence[Mapping]) -> list[str]:
+        raise NotImplementedError
 
     def flush(self) -> None:
         """Lines are written straight through: nothing is buffered."""
 
     def close(self) -> None:
         self._file.close()
+
+
+class CSVSender(_FileSender):
+    """Writes each event as a CSV row; the header comes from the first event
+    (or ``columns``). Unknown values are empty cells."""
+
+    def __init__(self, path, *, columns: Sequence[str] | None = None, overwrite: bool = False):
+        super().__init__(path, overwrite)
+        self.columns = list(columns) if columns else None
+        self._header_done = False
+
+    def _lines(self, events: Sequence[Mapping]) -> list[str]:
+        if self.columns is None:
+            self.columns = list(events[0])
+        lines = [] if self._header_done else [",".join(_csv_cell(c) for c in self.columns)]
+        lines += [",".join(_csv_value(event.get(c)) for c in self.columns) for event in events]
+        return lines
+
+    def publish_many(self, events: Sequence[Mapping]) -> None:
+        super().publish_many(events)
+        self._header_done = self._header_done or bool(events)
 
 
 def _csv_cell(text: str) -> str:
@@ -123,35 +137,15 @@ def _csv_value(v) -> str:
     return "" if n is None else repr(n)
 
 
-class JSONLinesSender:
+class JSONLinesSender(_FileSender):
     """Writes each event as one JSON object per line; NaN becomes null."""
 
     def __init__(self, path, *, overwrite: bool = False):
-        self._file = _LineFile(path, overwrite)
+        super().__init__(path, overwrite)
 
-    @property
-    def path(self) -> str:
-        return self._file.path
-
-    @property
-    def lines_written(self) -> int:
-        return self._file.lines
-
-    def publish(self, event: Mapping, **kwargs) -> None:
-        self.publish_many([event])
-
-    def publish_many(self, events: Sequence[Mapping]) -> None:
-        if not events:
-            return
-        text = "".join(json.dumps({k: v if isinstance(v, str) else _number(v) for k, v in e.items()},
-                                  allow_nan=False) + "\n" for e in events)
-        self._file.write_lines(text, len(events))
-
-    def flush(self) -> None:
-        """Lines are written straight through: nothing is buffered."""
-
-    def close(self) -> None:
-        self._file.close()
+    def _lines(self, events: Sequence[Mapping]) -> list[str]:
+        return [json.dumps({k: v if isinstance(v, str) else _number(v) for k, v in e.items()},
+                           allow_nan=False) for e in events]
 
 
 class CallbackSender:
@@ -189,8 +183,15 @@ class ForwardSamples(Consumer):
         self.lost = 0
         self.sent = 0
         self.t_start = t_start
+        self._store = None
 
     def tick(self, store, final: bool) -> None:
+        if store is not self._store:
+            # A new run (the monitor restarted): its store counts from 0 again;
+            # the last run's cursor would skip its first samples.
+            if self._store is not None:
+                self.cursor, self.t_start = 0, None
+            self._store = store
         t, wall, rows, next_seq, lost = store.rows_since(self.cursor)
         self.lost += lost
         if len(t) == 0:
@@ -202,8 +203,10 @@ class ForwardSamples(Consumer):
         events = [{"time": w, "elapsed_s": ti - self.t_start, **dict(zip(columns, row))}
                   for ti, w, row in zip(t.tolist(), wall.tolist(), rows.T.tolist())]
         publish_all(self.sender, events)
-        # Advance only after a successful publish, so a failed write is retried.
-        self.cursor = next_seq
+        # Advance only after a successful publish, so a failed write is retried;
+        # and not if a later run's tick took over while this publish was stuck.
+        if self._store is store:
+            self.cursor = next_seq
         self.sent += len(events)
 
     def close(self) -> None:

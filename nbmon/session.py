@@ -34,10 +34,11 @@ class Session:
 
     @contextmanager
     def cell(self, *, label: str = "", execution_count=None, interval: float = DEFAULT_INTERVAL,
-             keep_running: bool = False):
+             keep_running: bool = False, **options):
         """Monitor one cell: yields a dict that gets ``status`` (default
-        'ok'), and on exit gains ``summary`` and joins the history."""
-        monitor, started = self.ensure_monitor(interval)
+        'ok'), and on exit gains ``summary`` and joins the history.
+        ``options`` (gpu, children, system) apply if no monitor runs yet."""
+        monitor, started = self.ensure_monitor(interval, **options)
         span = monitor.window()
         record = {"execution_count": execution_count, "label": label, "start_time": time.time(),
                   "status": "ok", "span": span, "t_open": span.t_open}

@@ -141,11 +141,14 @@ class Store:
     def __init__(self, columns: Sequence[str], max_bytes: int = DEFAULT_MAX_BYTES):
         self.columns = tuple(columns)
         if len(set(self.columns)) != len(self.columns):
-            raise ValueError("duplicate column names")
+            # Name them: an extra source that reuses a built-in field lands here from Monitor.start().
+            dups = sorted({c for c in self.columns if self.columns.count(c) > 1})
+            raise ValueError(f"duplicate column name(s) {', '.join(map(repr, dups))}")
         row_bytes = 8 * (len(self.columns) + 2)
         rows = max_bytes // row_bytes
-        if rows < 8 * BUCKET:
-            raise ValueError(f"max_bytes={max_bytes!r} holds fewer than {8 * BUCKET} samples")
+        if rows < 8 * BUCKET:  # say what would do, not only that this does not
+            raise ValueError(f"max_bytes must hold at least {8 * BUCKET} samples ({8 * BUCKET * row_bytes} "
+                             f"bytes for {len(self.columns)} columns), got {max_bytes!r}")
         step = 2 * BUCKET
         self.capacity = (rows * 3 // 4) // step * step
         self.coarse_capacity = (rows - self.capacity) // 4 * 4

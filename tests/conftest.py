@@ -1,17 +1,14 @@
-"""Shared fixtures: no test may leave an nbmon thread running, and a stand-in
-NVML library (compiled from tests/fake_nvml) under the real pynvml module."""
+"""Shared fixtures: no test may leave an nbmon thread running, a stand-in
+NVML library (compiled from tests/fake_nvml) under the real pynvml module, and
+a real IPython shell with nbmon loaded. Plain helpers live in helpers.py."""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
 from fake_nvml import CONFIG_ENV, FakeNVML, build, unload_from_pynvml
-
-
-def nbmon_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("nbmon-") and t.is_alive()]
+from helpers import nbmon_threads, wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -54,3 +51,31 @@ def fake_gpu(fake_nvml_lib, tmp_path, monkeypatch):
     yield fake
     nbmon.nvml.shutdown()
     unload_from_pynvml()
+
+
+@pytest.fixture(scope="module")
+def ipython():
+    from IPython.testing import globalipapp
+
+    # start_ipython() answers None once any module has called it: then
+    # globalipapp.get_ipython() is the shell it made.
+    return globalipapp.start_ipython() or globalipapp.get_ipython()
+
+
+@pytest.fixture
+def ip(ipython):
+    """The shell with nbmon loaded and rich display formats on (as in a kernel);
+    afterwards nbmon is unloaded, which stops every nbmon thread."""
+    from IPython.utils.capture import capture_output
+
+    saved = list(ipython.display_formatter.active_types)
+    ipython.display_formatter.active_types = list(ipython.display_formatter.format_types)
+    with capture_output():
+        ipython.run_line_magic("load_ext", "nbmon")
+    yield ipython
+    with capture_output():
+        ipython.run_line_magic("unload_ext", "nbmon")
+    ipython.display_formatter.active_types = saved
+    for name in [k for k in ipython.user_ns if k.startswith("rm_")]:
+        del ipython.user_ns[name]
+    wait_until(lambda: not nbmon_threads(), timeout=10.0, what="nbmon threads to end after unload")

@@ -8,7 +8,8 @@ would have left a mark file never ran.
 
 Some cases are also in the per-module suites (test_cli, test_magics,
 test_summary, test_seed_*, test_monitor); this module is the single table
-over the whole surface. Shared helpers are imported from those suites.
+over the whole surface. Shared helpers come from helpers.py and conftest.py
+(the IPython shell: the ``ip`` fixture); a few constants from those suites.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
 import psutil
 import pytest
 from IPython.core.error import UsageError
@@ -29,11 +31,13 @@ import nbmon
 import nbmon.magics
 import nbmon.monitor
 import nbmon.nvml
+from helpers import gone_pid
 from nbmon import AbstractBackendSender, Monitor, ResourceMonitor, ResourceSummary, SystemMonitor
+from nbmon.proctree import ProcessTree
 from nbmon.session import SESSION
+from nbmon.system import System
 from test_cli import NBMON
-from test_magics import ip, ipython  # noqa: F401  (fixtures: the real IPython shell with nbmon loaded)
-from test_seed_system_monitor import gone_pid
+from test_nvml import DEV_A, DEV_B
 
 PY = sys.executable
 MARK = "ran"  # what the command, or the cell, would create if it ever ran
@@ -157,6 +161,7 @@ MISSING = "missing command: nbmon run [options] -- CMD [ARGS...]"
 MARK_CMD = [PY, "-c", MARK_CODE]
 SCRIPT = ("script.sh", "#!/bin/sh\ntouch ran\n", 0o644)  # exists, not executable (even for root)
 PRECIOUS = ("out.csv", "precious\n", 0o644)
+GARBAGE = ("garbage", "not a program\n", 0o755)  # executable, but exec() refuses it (ENOEXEC)
 
 # (id, argv after `nbmon`, files made first, exit code, stderr (for {cwd}: the directory), value named)
 CLI_CASES = [
@@ -193,9 +198,11 @@ CLI_CASES = [
      "error: cannot write '/proc/nbmon.html': No such file or directory", "'/proc/nbmon.html'"),
     ("exists-no-force", ["run", "--csv", "out.csv", "--", *MARK_CMD], [PRECIOUS], 2,
      "error: output file 'out.csv' already exists (add --force to replace it)", "'out.csv'"),
-    ("exists-no-force-forced-other", ["run", "--force", "--jsonl", "new.jsonl", "--summary-json", "out.csv",
-                                      "--", "./script.sh"], [PRECIOUS, SCRIPT], 126,
-     "cannot run ./script.sh: Permission denied", "./script.sh"),
+    # --force replaces outputs only once the command can run: out.csv stays precious.
+    ("forced-output-kept", ["run", "--force", "--csv", "out.csv", "--jsonl", "new.jsonl", "--", "./script.sh"],
+     [PRECIOUS, SCRIPT], 126, "cannot run ./script.sh: Permission denied", "./script.sh"),
+    ("exec-format-error", ["run", "--csv", "out.csv", "--jsonl", "out.jsonl", "--", "./garbage"], [GARBAGE], 126,
+     "cannot run ./garbage: Exec format error", "./garbage"),
     ("same-file-twice", ["run", "--csv", "out", "--jsonl", "./out", "--", *MARK_CMD], [], 2,
      "error: each output needs its own file: 'out', './out'", "'./out'"),
 ]
@@ -236,6 +243,22 @@ class HalfProfiler:
 
     def get_clock_info(self) -> dict:
         return {"gpu_clock_mhz": 1.0}
+
+
+class RSSAgain:
+    """An extra source whose field is one of nbmon's own."""
+
+    name = "rss-again"
+    fields = ("proc_rss_mb",)
+
+    def start(self, now: float) -> None:
+        pass
+
+    def sample(self, now: float):
+        return (1.0,)
+
+    def close(self) -> None:
+        pass
 
 
 def _sm(**kwargs):
@@ -289,6 +312,15 @@ def _cases():
                                                  "max_bytes must be a positive whole number of bytes, got 0", "0")))
     cases.append(("Monitor-pid-2**40", lambda: (lambda: Monitor(pid=2**40), ValueError,
                                                f"no process with pid {2**40} exists", str(2**40))))
+    # Refused by start(), after the sources were opened: they must be closed again.
+    width = len(ProcessTree.fields) + len(System.fields) + 2  # + monotonic and wall time
+    cases.append(("Monitor-max-bytes-too-small", lambda: (
+        lambda: Monitor(max_bytes=100, gpu=False).start(), ValueError,
+        f"max_bytes must hold at least 128 samples ({128 * 8 * width} bytes for {width - 2} columns), got 100",
+        "100")))
+    cases.append(("Monitor-extra-source-reuses-a-field", lambda: (
+        lambda: Monitor(gpu=False, extra_sources=[RSSAgain()]).start(), ValueError,
+        "duplicate column name(s) 'proc_rss_mb'", "'proc_rss_mb'")))
     # The type is checked before NVML is touched, so this holds with or without a GPU.
     cases.append(("NVMLProfiler-index-str", lambda: (lambda: nbmon.NVMLProfiler(device_index="0"), ValueError,
                                                     "device_index must be a whole number, got '0'", "'0'")))
@@ -365,3 +397,12 @@ def test_from_dict(make, message, named):
     assert str(info.value) == message
     assert_one_sentence(str(info.value), named)
     assert repr(data) == before  # the caller's value is left as it was
+
+
+def test_a_numpy_integer_is_a_good_device_index(fake_gpu):
+    """The other side of the NVMLProfiler rows: a whole number from numpy is not bad input."""
+    fake_gpu.set(devices=[DEV_A, DEV_B])
+    assert nbmon.NVMLProfiler(np.int64(1)).get_utilization() == DEV_B["util_gpu"]
+    with pytest.raises(ValueError) as info:
+        nbmon.NVMLProfiler(np.int64(2))
+    assert str(info.value) == "device_index 2 is out of range: NVML sees 2 device(s)"

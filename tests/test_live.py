@@ -6,25 +6,17 @@ import json
 import math
 import re
 import threading
-import time
 
 import numpy as np
 import pytest
 from comm.base_comm import BaseComm
 
+from helpers import wait_until
 from nbmon import nvml
 from nbmon.live import THREAD_NAME, Dashboard, frame_bytes
 from nbmon.monitor import Monitor
 
 POLL_S = 10.0  # upper bound of every wait below; they normally end in milliseconds
-
-
-def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + POLL_S
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def live_threads():
@@ -62,7 +54,7 @@ def dashboards():
 def monitor():
     """A monitor of this process with at least three samples, still running."""
     m = Monitor(interval=0.02, gpu=False).start()
-    wait_for(lambda: m.store.seq >= 3, "three samples")
+    wait_until(lambda: m.store.seq >= 3, timeout=POLL_S, what="three samples")
     yield m
     m.stop()
 
@@ -106,7 +98,7 @@ def test_two_rows_without_gpu(stopped, dashboards):
 def test_without_system_columns_only_the_tree_is_drawn(dashboards):
     m = Monitor(interval=0.02, system=False, gpu=False).start()
     try:
-        wait_for(lambda: m.store.seq >= 2, "two samples")
+        wait_until(lambda: m.store.seq >= 2, timeout=POLL_S, what="two samples")
     finally:
         m.stop()
     d = Dashboard(m, start=False)
@@ -191,7 +183,7 @@ def test_refresher_draws_while_running_and_freeze_stops_it(monitor, dashboards):
     d = Dashboard(monitor, refresh_hz=50.0)
     dashboards.append(d)
     assert [t.daemon for t in live_threads()] == [True]
-    wait_for(lambda: d.refreshes >= 3, "three refreshes")
+    wait_until(lambda: d.refreshes >= 3, timeout=POLL_S, what="three refreshes")
     n = len(trace(d, "proc_cpu_percent").x)
     assert n >= 3
     record = d.freeze()
@@ -206,9 +198,9 @@ def test_refresher_draws_while_running_and_freeze_stops_it(monitor, dashboards):
 def test_refresher_ends_by_itself_when_the_monitor_stops(monitor, dashboards):
     d = Dashboard(monitor, refresh_hz=50.0)
     dashboards.append(d)
-    wait_for(lambda: d.refreshes >= 1, "a refresh")
+    wait_until(lambda: d.refreshes >= 1, timeout=POLL_S, what="a refresh")
     monitor.stop()
-    wait_for(lambda: not live_threads(), "the refresher to end")
+    wait_until(lambda: not live_threads(), timeout=POLL_S, what="the refresher to end")
     # its last refresh drew the last sample
     assert d._seq == monitor.store.seq
     assert len(trace(d, "proc_rss_mb").x) == monitor.store.seq
@@ -225,7 +217,7 @@ def test_refresher_counts_errors_and_keeps_going(monitor, dashboards):
 
     d.refresh = broken
     d.start()
-    wait_for(lambda: d.errors >= 3, "three counted errors")
+    wait_until(lambda: d.errors >= 3, timeout=POLL_S, what="three counted errors")
     assert d.running
     assert d.last_error == "RuntimeError: boom"
     record = d.freeze()
@@ -253,7 +245,7 @@ def test_start_again_after_freeze(monitor, dashboards):
     d.start()
     assert len(live_threads()) == 1 and not d.frozen
     before = d.refreshes
-    wait_for(lambda: d.refreshes > before, "a refresh after restart")
+    wait_until(lambda: d.refreshes > before, timeout=POLL_S, what="a refresh after restart")
 
 
 @pytest.mark.parametrize("kwargs", [dict(window_s=0), dict(window_s=math.inf), dict(refresh_hz=-1),
@@ -276,7 +268,7 @@ def fake_gpus(fake_gpu):
 def test_gpu_rows_per_device(fake_gpus, dashboards):
     m = Monitor(interval=0.02).start()
     try:
-        wait_for(lambda: m.store.seq >= 2, "two samples")
+        wait_until(lambda: m.store.seq >= 2, timeout=POLL_S, what="two samples")
         assert len(m.gpus.devices) == 2
         d = Dashboard(m, start=False)
     finally:

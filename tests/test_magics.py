@@ -5,17 +5,16 @@ the monitor's threads, auto mode, unloading, and misuse."""
 from __future__ import annotations
 
 import threading
-import time
 import traceback
 
 import pandas as pd
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
 import nbmon
 import nbmon.magics
+from helpers import wait_until
 from nbmon.session import SESSION
 from nbmon.summary import ResourceSummary
 
@@ -36,46 +35,12 @@ def samplers() -> int:
     return count("nbmon-sampler") + count("nbmon-reader")
 
 
-def wait_until(predicate, timeout: float = 10.0, what: str = "condition"):
-    """Bounded poll: the predicate's value once truthy, else fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)
-
-
 def html_of(output) -> str:
     return output.data.get("text/html", "") if isinstance(output.data, dict) else ""
 
 
 def rows() -> int:
     return len(nbmon.history())
-
-
-@pytest.fixture(scope="module")
-def ipython():
-    return start_ipython()
-
-
-@pytest.fixture
-def ip(ipython):
-    """The shell with nbmon loaded and rich display formats on (as in a kernel);
-    afterwards nbmon is unloaded, which stops every nbmon thread."""
-    saved = list(ipython.display_formatter.active_types)
-    ipython.display_formatter.active_types = list(ipython.display_formatter.format_types)
-    with capture_output():
-        ipython.run_line_magic("load_ext", "nbmon")
-    yield ipython
-    with capture_output():
-        ipython.run_line_magic("unload_ext", "nbmon")
-    ipython.display_formatter.active_types = saved
-    for name in [k for k in ipython.user_ns if k.startswith("rm_")]:
-        del ipython.user_ns[name]
-    wait_until(lambda: not thread_names(), what="nbmon threads to end after unload")
 
 
 # -- %%resmon ------------------------------------------------------------------
@@ -155,7 +120,7 @@ def test_cell_starts_its_own_monitor_and_stops_it_afterwards(ip):
     interval, names = seen
     assert interval == 0.05
     assert "nbmon-sampler" in names and "nbmon-meter" in names
-    wait_until(lambda: not thread_names(), what="the cell's monitor and meter threads to end")
+    wait_until(lambda: not thread_names(), timeout=10.0, what="the cell's monitor and meter threads to end")
 
 
 def test_cell_inside_running_monitor_leaves_it_running(ip):
@@ -165,7 +130,7 @@ def test_cell_inside_running_monitor_leaves_it_running(ip):
         ip.run_cell_magic("resmon", "--label inner", "rm_x = 1")
     assert SESSION.monitor is monitor and monitor.running
     assert samplers() == 1
-    wait_until(lambda: count("nbmon-meter") == 0, what="the meter thread to end")
+    wait_until(lambda: count("nbmon-meter") == 0, timeout=10.0, what="the meter thread to end")
 
 
 def test_output_option_returns_the_summary(ip):
@@ -213,7 +178,7 @@ def test_keyboard_interrupt_reraises_and_records_interrupted(ip):
     row = nbmon.history().iloc[-1]
     assert (row["label"], row["status"]) == ("stopped", "interrupted")
     assert 'data-status="interrupted"' in html_of(cap.outputs[-1])
-    wait_until(lambda: not thread_names(), what="threads to end after an interrupted cell")
+    wait_until(lambda: not thread_names(), timeout=10.0, what="threads to end after an interrupted cell")
 
 
 # -- %resmon -------------------------------------------------------------------
@@ -234,7 +199,7 @@ def test_line_magic_starts_one_monitor_and_stop_ends_every_thread(ip):
     assert cap.stdout.startswith("nbmon: running, every 0.05 s")
     assert "GPU:" in cap.stdout
 
-    wait_until(lambda: SESSION.monitor.store.seq >= 3, what="three samples")
+    wait_until(lambda: SESSION.monitor.store.seq >= 3, timeout=10.0, what="three samples")
     with capture_output():
         summary = ip.run_line_magic("resmon", "summary")
     assert isinstance(summary, ResourceSummary)
@@ -255,7 +220,7 @@ def test_line_magic_starts_one_monitor_and_stop_ends_every_thread(ip):
 def test_samples_frame_round_trips_through_csv_and_parquet(ip, tmp_path):
     with capture_output():
         ip.run_line_magic("resmon", "--interval 0.05")
-    wait_until(lambda: SESSION.monitor.store.seq >= 5, what="five samples")
+    wait_until(lambda: SESSION.monitor.store.seq >= 5, timeout=10.0, what="five samples")
     with capture_output():
         ip.run_line_magic("resmon", "stop")
 

@@ -3,15 +3,14 @@ restarts, argument checks, and no leaked threads or descriptors."""
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
 
+from helpers import burn_cpu, fd_count, free_pid, nbmon_threads, wait_until
 from nbmon.monitor import Monitor
 from nbmon.summary import ResourceSummary
 
@@ -19,37 +18,9 @@ MIB = 1024 * 1024
 DEADLINE_S = 30.0
 
 
-def poll(cond, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def burn_cpu(seconds: float) -> None:
-    c0 = time.process_time()
-    while time.process_time() - c0 < seconds:
-        pass
-
-
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def nbmon_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("nbmon-") and t.is_alive()]
-
-
-def free_pid() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return p.pid
-
-
 def samples_after(monitor: Monitor, n: int):
     seq = monitor.store.seq
-    poll(lambda: monitor.store.seq >= seq + n, f"{n} more samples")
+    wait_until(lambda: monitor.store.seq >= seq + n, timeout=DEADLINE_S, what=f"{n} more samples")
 
 
 def test_real_run_gives_a_consistent_summary():
@@ -158,7 +129,7 @@ def test_run_on_a_child_that_exits_ends_by_itself():
         samples_after(m, 3)
         assert m.running and m.tree.root_alive
         p.stdin.close()  # it exits; nobody reaps it yet
-        poll(lambda: not m.running, "the run to end when its process exited")
+        wait_until(lambda: not m.running, timeout=DEADLINE_S, what="the run to end when its process exited")
         s = m.summary()
         assert s.num_samples >= 3 and s.num_samples == m.store.seq
         assert s.peak_rss_mb > 0 and s.duration_sec > 0
@@ -179,7 +150,7 @@ def test_no_sample_of_the_empty_tree_once_the_process_exited(reaped_first):
         if reaped_first:
             p.wait()  # gone before the monitor looks again, or before stop()'s last sample
         else:
-            poll(lambda: not m.running, "the run to end when its process exited")
+            wait_until(lambda: not m.running, timeout=DEADLINE_S, what="the run to end when its process exited")
         assert m.stop(timeout=DEADLINE_S) is True
     finally:
         p.wait()
@@ -252,7 +223,7 @@ def test_a_failing_extra_source_is_isolated():
     flaky = Flaky()
     m = Monitor(interval=0.02, gpu=False, extra_sources=[flaky]).start()
     try:
-        poll(lambda: flaky.calls >= 6, "six calls")
+        wait_until(lambda: flaky.calls >= 6, timeout=DEADLINE_S, what="six calls")
     finally:
         assert m.stop(timeout=DEADLINE_S)
     assert m.faults["flaky"].count >= 3
@@ -286,6 +257,6 @@ def test_stop_is_bounded_with_a_stuck_source():
         assert not m.running
     finally:
         release.set()
-    poll(lambda: not thread.is_alive(), "the abandoned thread to exit")
+    wait_until(lambda: not thread.is_alive(), timeout=DEADLINE_S, what="the abandoned thread to exit")
     assert m.store.seq == seq  # it never wrote again
     assert stuck.closed == 1

@@ -15,6 +15,7 @@ import pytest
 import nbmon
 import nbmon.nvml as nvml
 from fake_nvml import init_refcount, unload_from_pynvml
+from helpers import wait_until
 from nbmon.monitor import Monitor
 
 MIB = 1 << 20
@@ -26,18 +27,6 @@ DEV_A = dict(name="FakeGPU-A", util_gpu=37, util_mem=12, mem_total=80 * GIB,
 DEV_B = dict(name="FakeGPU-B", util_gpu=99, util_mem=64, mem_total=24 * GIB,
              mem_used=20 * GIB, temp=81, power_mw=250_000, power_limit_mw=300_000,
              sm_clock=1410, mem_clock=1215)
-
-
-def poll(predicate, timeout=20.0, what="condition"):
-    """Bounded poll; returns the predicate's last truthy value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def started(tree_pids=lambda: ()) -> nvml.GPUs:
@@ -179,12 +168,12 @@ def test_device_count_changing_under_a_running_monitor(fake_gpu):
     mon = Monitor(interval=0.02, system=False)
     mon.start()
     try:
-        seq = poll(lambda: mon.store.seq >= 2 and mon.store.seq, what="samples")
+        seq = wait_until(lambda: mon.store.seq >= 2 and mon.store.seq, timeout=20.0, what="samples")
         fake_gpu.update(devices=[])
-        poll(lambda: mon.store.seq >= seq + 3, what="samples after the GPUs vanished")
+        wait_until(lambda: mon.store.seq >= seq + 3, timeout=20.0, what="samples after the GPUs vanished")
         fake_gpu.update(devices=[DEV_A, DEV_B, DEV_A])
         seq = mon.store.seq
-        poll(lambda: mon.store.seq >= seq + 3, what="samples after a GPU appeared")
+        wait_until(lambda: mon.store.seq >= seq + 3, timeout=20.0, what="samples after a GPU appeared")
         assert mon.running
         assert mon.faults == {}
     finally:
@@ -289,7 +278,7 @@ def test_process_memory_counts_only_the_monitored_tree(fake_gpu, child):
     try:
         # The child is found at start (nbmon's tree is this process and its children).
         assert {os.getpid(), child.pid} <= set(mon.tree.pids)
-        latest = poll(lambda: mon.latest() or None, what="a sample")
+        latest = wait_until(lambda: mon.latest() or None, timeout=20.0, what="a sample")
     finally:
         mon.stop()
     assert latest["gpu0_proc_mem_mb"] == 150.0
@@ -432,7 +421,7 @@ def test_nvml_profiler_without_gpus(fake_gpu):
 def test_nvml_profiler_drives_resource_monitor(fake_gpu):
     fake_gpu.set(devices=[DEV_A, DEV_B])
     with nbmon.ResourceMonitor(sample_interval_sec=0.02, gpu_profiler=nvml.NVMLProfiler(1)) as mon:
-        poll(lambda: len(mon.samples) >= 3, what="3 samples")
+        wait_until(lambda: len(mon.samples) >= 3, timeout=20.0, what="3 samples")
     s = mon.summary
     assert s.mean_gpu_util == 99.0 and s.peak_gpu_mem_mb == 20 * 1024.0
     assert s.mean_gpu_clock_mhz == 1410.0 and s.mean_gpu_power_w == 250.0
@@ -447,7 +436,7 @@ def test_monitor_with_fake_gpus(fake_gpu):
     mon = Monitor(interval=0.02, gpu=True)
     mon.start()
     try:
-        poll(lambda: mon.store.seq >= 3, what="3 samples")
+        wait_until(lambda: mon.store.seq >= 3, timeout=20.0, what="3 samples")
     finally:
         mon.stop()
     for col in ("gpu_util_percent", "gpu_mem_used_mb", "gpu_proc_mem_mb", "gpu0_util_percent",

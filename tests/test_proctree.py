@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from helpers import burn_cpu, fd_count, free_pid, wait_until
 from nbmon.proctree import FIELDS, ProcessTree
 
 MIB = 1024 * 1024
@@ -117,27 +118,7 @@ def poll(tree: ProcessTree, cond, what: str, pause: float = 0.01) -> dict[str, f
 
 
 def wait_for_file(path) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            pytest.fail(f"{path} never appeared")
-        time.sleep(0.01)
-
-
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def burn_cpu(seconds: float) -> None:
-    c0 = time.process_time()
-    while time.process_time() - c0 < seconds:
-        pass
-
-
-def free_pid() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return p.pid
+    wait_until(lambda: os.path.exists(path), timeout=DEADLINE_S, what=f"{path} to appear")
 
 
 # -- basics ------------------------------------------------------------------

@@ -12,18 +12,11 @@ import time
 import numpy as np
 import pytest
 
+from helpers import wait_until
 from nbmon.sampler import Sampler
 
 DEADLINE_S = 30.0
 WALL_OFFSET = 1.7e9
-
-
-def poll(cond, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 class FakeTime:
@@ -120,7 +113,7 @@ def run_fake(sources, ticks: int, interval: float = 0.25, t0: float = 1000.0, si
                       event=lambda: FakeEvent(ft), until=lambda: counted.n >= ticks)
     sampler.start()
     try:
-        poll(lambda: not sampler._thread.is_alive(), "the fake-clock run to end")
+        wait_until(lambda: not sampler._thread.is_alive(), timeout=DEADLINE_S, what="the fake-clock run to end")
     finally:
         assert sampler.stop() is True
     return sampler, rec, ft
@@ -162,7 +155,7 @@ def test_falling_behind_skips_ticks_instead_of_bursting():
     sampler = Sampler([src], rec, interval, clock=ft.clock, wall=ft.wall,
                       event=lambda: FakeEvent(ft), until=lambda: len(rec.rows) >= 9)
     sampler.start()
-    poll(lambda: not sampler._thread.is_alive(), "the run to end")
+    wait_until(lambda: not sampler._thread.is_alive(), timeout=DEADLINE_S, what="the run to end")
     assert sampler.stop()
     ks = [(t - t0) / interval for t in rec.times]
     # Ticks 4..6 fell inside the first stall (3 -> 6.5), 10..109 inside the
@@ -181,7 +174,7 @@ def test_real_clock_thread_name_daemon_and_running():
         assert thread.name == "nbmon-sampler"
         assert thread.daemon
         assert sampler.running
-        poll(lambda: len(rec.rows) >= 5, "five samples")
+        wait_until(lambda: len(rec.rows) >= 5, timeout=DEADLINE_S, what="five samples")
         assert sampler.fields == ("a", "b")
     finally:
         assert sampler.stop(timeout=DEADLINE_S) is True
@@ -212,7 +205,7 @@ def test_until_ends_the_run_closes_sources_and_calls_on_finish():
                       event=lambda: FakeEvent(ft), until=lambda: a.calls >= 3)
     sampler.on_finish = lambda: finished.append(True)
     sampler.start()
-    poll(lambda: not sampler._thread.is_alive(), "the run to end by itself")
+    wait_until(lambda: not sampler._thread.is_alive(), timeout=DEADLINE_S, what="the run to end by itself")
     assert not sampler.running
     assert finished == [True]
     assert (a.closed, b.closed) == (1, 1)
@@ -385,7 +378,7 @@ def test_stop_is_bounded_when_a_source_is_stuck_and_the_thread_never_writes_agai
         assert thread.is_alive()
     finally:
         release.set()
-    poll(lambda: not thread.is_alive(), "the abandoned thread to exit once unstuck")
+    wait_until(lambda: not thread.is_alive(), timeout=DEADLINE_S, what="the abandoned thread to exit once unstuck")
     assert len(rec.rows) == written
     assert stuck.closed == 1 and other.closed == 1
 
@@ -421,15 +414,15 @@ def test_rows_stay_in_time_order_when_sample_now_races_the_thread():
     sampler = Sampler([Source("src")], rec, 0.05, clock=clock, event=HookedEvent)
     sampler.start()
     try:
-        poll(lambda: len(rec.rows) >= 2, "two samples")
+        wait_until(lambda: len(rec.rows) >= 2, timeout=DEADLINE_S, what="two samples")
         armed.set()
         assert thread_has_now.wait(DEADLINE_S)
         sampler.sample_now()
         main_done.set()
         n = len(rec.rows)
-        poll(lambda: len(rec.rows) >= n + 3, "three more samples")
+        wait_until(lambda: len(rec.rows) >= n + 3, timeout=DEADLINE_S, what="three more samples")
         assert sampler.sample_now() is True  # an uncontended one works
-        poll(lambda: len(rec.rows) >= n + 5, "two more samples")
+        wait_until(lambda: len(rec.rows) >= n + 5, timeout=DEADLINE_S, what="two more samples")
     finally:
         main_done.set()
         assert sampler.stop(timeout=DEADLINE_S)
@@ -466,14 +459,14 @@ def test_sources_are_not_closed_while_sample_now_reads_them():
     sampler.start()
     thread = sampler._thread
     try:
-        poll(lambda: len(rec.rows) >= 2, "two samples")
+        wait_until(lambda: len(rec.rows) >= 2, timeout=DEADLINE_S, what="two samples")
         state["arm"] = True
         assert in_until.wait(DEADLINE_S)
         sampler.sample_now()
     finally:
         reading.set()
         sampler.stop(timeout=DEADLINE_S)
-    poll(lambda: not thread.is_alive(), "the thread to end")
+    wait_until(lambda: not thread.is_alive(), timeout=DEADLINE_S, what="the thread to end")
     assert state["read_after_close"] is False
     assert src.closed == 1
 

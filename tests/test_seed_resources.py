@@ -4,25 +4,13 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import threading
 import time
 
 import pytest
 
 import nbmon
+from helpers import nbmon_threads, wait_until
 from nbmon import GPUProfilerProtocol, ResourceMonitor, ResourceSample, ResourceSummary
-
-
-def poll(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def nbmon_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("nbmon-") and t.is_alive()]
 
 
 GPU_FIELDS = ("gpu_util", "gpu_mem_mb", "gpu_clock_mhz", "gpu_power_w")
@@ -48,7 +36,7 @@ class GoodProfiler:
 def test_seed_usage_runs_unchanged():
     def run_benchmark(mon):
         block = bytearray(32 << 20)  # some memory, touched
-        poll(lambda: len(mon.samples) >= 3, what="3 samples")
+        wait_until(lambda: len(mon.samples) >= 3, timeout=20.0, what="3 samples")
         return len(block)
 
     t0 = time.perf_counter()
@@ -67,7 +55,7 @@ def test_seed_usage_runs_unchanged():
 
 def test_summary_without_gpu_round_trips():
     with ResourceMonitor(sample_interval_sec=0.02) as mon:
-        poll(lambda: len(mon.samples) >= 2, what="2 samples")
+        wait_until(lambda: len(mon.samples) >= 2, timeout=20.0, what="2 samples")
     summary = mon.summary
     assert "peak_gpu_mem_mb" not in summary.to_dict()  # optional GPU fields only when not None
     assert ResourceSummary.from_dict(summary.to_dict()) == summary
@@ -80,7 +68,7 @@ def test_zeroed_summary_round_trips():
 
 def test_summary_with_gpu_round_trips():
     with ResourceMonitor(sample_interval_sec=0.02, gpu_profiler=GoodProfiler()) as mon:
-        poll(lambda: len(mon.samples) >= 2, what="2 samples")
+        wait_until(lambda: len(mon.samples) >= 2, timeout=20.0, what="2 samples")
     summary = mon.summary
     assert ResourceSummary.from_dict(summary.to_dict()) == summary
 
@@ -120,7 +108,7 @@ def test_resource_sample_fields():
 def test_samples_are_a_copy_with_perf_counter_timestamps():
     t0 = time.perf_counter()
     with ResourceMonitor(sample_interval_sec=0.02) as mon:
-        poll(lambda: len(mon.samples) >= 3, what="3 samples")
+        wait_until(lambda: len(mon.samples) >= 3, timeout=20.0, what="3 samples")
     t1 = time.perf_counter()
     samples = mon.samples
     n = len(samples)
@@ -140,7 +128,7 @@ def test_samples_are_a_copy_with_perf_counter_timestamps():
 def test_exception_in_the_body_stops_the_monitor():
     with pytest.raises(KeyError):
         with ResourceMonitor(sample_interval_sec=0.01) as mon:
-            poll(lambda: len(mon.samples) >= 2, what="2 samples")
+            wait_until(lambda: len(mon.samples) >= 2, timeout=20.0, what="2 samples")
             raise KeyError("benchmark failed")
     assert not mon.monitor.running and not nbmon_threads()
     assert mon.summary.num_samples == len(mon.samples) >= 2
@@ -185,7 +173,7 @@ def test_stopped_before_the_first_tick_has_only_the_final_sample():
 
 def test_good_profiler_fills_the_gpu_fields():
     with ResourceMonitor(sample_interval_sec=0.02, gpu_profiler=GoodProfiler()) as mon:
-        poll(lambda: len(mon.samples) >= 3, what="3 samples")
+        wait_until(lambda: len(mon.samples) >= 3, timeout=20.0, what="3 samples")
     for s in mon.samples:
         assert (s.gpu_util, s.gpu_mem_mb, s.gpu_clock_mhz, s.gpu_power_w) == (50.0, 1000.0, 1500.0, 200.0)
     summary = mon.summary
@@ -233,7 +221,7 @@ class MalformedProfiler:
 ], ids=["raises", "none-and-missing", "strings", "negative", "nan-inf-bool-list"])
 def test_bad_profiler_gives_none_and_never_kills_the_thread(profiler):
     with ResourceMonitor(sample_interval_sec=0.01, gpu_profiler=profiler) as mon:
-        poll(lambda: len(mon.samples) >= 5, what="5 samples")
+        wait_until(lambda: len(mon.samples) >= 5, timeout=20.0, what="5 samples")
         assert mon.monitor.running
     samples = mon.samples
     assert len(samples) >= 5
@@ -250,7 +238,7 @@ def test_bad_profiler_gives_none_and_never_kills_the_thread(profiler):
 def test_one_bad_method_leaves_the_others_intact():
     profiler = MalformedProfiler(42.0, {"wrong_key": 1.0}, {"gpu_clock_mhz": 1200.0}, None)
     with ResourceMonitor(sample_interval_sec=0.01, gpu_profiler=profiler) as mon:
-        poll(lambda: len(mon.samples) >= 3, what="3 samples")
+        wait_until(lambda: len(mon.samples) >= 3, timeout=20.0, what="3 samples")
     for s in mon.samples:
         assert (s.gpu_util, s.gpu_mem_mb, s.gpu_clock_mhz, s.gpu_power_w) == (42.0, None, 1200.0, None)
     assert mon.summary.mean_gpu_util == 42.0 and mon.summary.peak_gpu_mem_mb is None

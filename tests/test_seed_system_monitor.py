@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 import nbmon
+from helpers import gone_pid, nbmon_threads, wait_until
 from nbmon import AbstractBackendSender, SystemMonitor
 
 MIB = 1 << 20
@@ -32,18 +33,6 @@ DEV_A = dict(util_gpu=37, util_mem=12, mem_total=80 * GIB, mem_used=1536 * MIB, 
              power_mw=123_456, power_limit_mw=700_000, sm_clock=1980, mem_clock=2619)
 DEV_B = dict(util_gpu=99, util_mem=64, mem_total=24 * GIB, mem_used=12 * GIB, temp=81,
              power_mw=250_000, power_limit_mw=500_000, sm_clock=1410, mem_clock=1215)
-
-
-def poll(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def nbmon_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("nbmon-") and t.is_alive()]
 
 
 class Collect(AbstractBackendSender):
@@ -70,7 +59,7 @@ def sender():
 def run_until_published(sm: SystemMonitor, sender: Collect, n: int = 1) -> list:
     sm.start()
     try:
-        poll(lambda: sender.count() >= n, what=f"{n} published dict(s)")
+        wait_until(lambda: sender.count() >= n, timeout=20.0, what=f"{n} published dict(s)")
     finally:
         sm.shutdown()
     return list(sender.events)
@@ -120,7 +109,7 @@ def test_start_flush_shutdown(sender):
     try:
         assert sm.monitor.running
         sm.start()  # a second start is a no-op
-        poll(lambda: sm.monitor.store.seq >= 1, what="a sample")
+        wait_until(lambda: sm.monitor.store.seq >= 1, timeout=20.0, what="a sample")
         sm.flush()
         assert sender.count() == 1
         event = sender.events[0]
@@ -187,7 +176,7 @@ def test_one_stats_dict_per_period(sender):
     t0 = time.monotonic()
     sm.start()
     try:
-        poll(lambda: sender.count() >= 4, what="4 periods")
+        wait_until(lambda: sender.count() >= 4, timeout=20.0, what="4 periods")
     finally:
         sm.shutdown()
     elapsed = time.monotonic() - t0
@@ -214,9 +203,9 @@ def test_sender_that_raises_keeps_the_monitor_running():
     sm = SystemMonitor(os.getpid(), Broken(), sample_rate_seconds=0.3)
     sm.start()
     try:
-        poll(lambda: Broken.calls >= 3, what="3 publish attempts")
+        wait_until(lambda: Broken.calls >= 3, timeout=20.0, what="3 publish attempts")
         seq = sm.monitor.store.seq
-        poll(lambda: sm.monitor.store.seq > seq, what="sampling after the failures")
+        wait_until(lambda: sm.monitor.store.seq > seq, timeout=20.0, what="sampling after the failures")
         assert sm.monitor.running
         (fault,) = sm.monitor.faults.values()
         assert fault.count >= 2
@@ -251,19 +240,11 @@ def test_sender_that_blocks_forever_does_not_delay_shutdown():
     finally:
         release.set()
     # Released, the sender thread finishes on its own; no sample was added after shutdown.
-    poll(lambda: not nbmon_threads(), what="the sender thread to end")
+    wait_until(lambda: not nbmon_threads(), timeout=20.0, what="the sender thread to end")
     assert sm.monitor.store.seq == seq
 
 
 # -- bad input --------------------------------------------------------------------
-
-
-def gone_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait(20)
-    if psutil.pid_exists(proc.pid):
-        pytest.skip("the pid was reused at once")
-    return proc.pid
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
@@ -320,14 +301,14 @@ def test_child_that_exits_gets_a_final_dict_and_the_monitor_stops(sender, child,
     assert sm.proc.pid == child.pid
     sm.start()
     try:
-        poll(lambda: sender.count() >= 1, what="a first period")
+        wait_until(lambda: sender.count() >= 1, timeout=20.0, what="a first period")
         assert sender.events[0]["proc.cpu.threads"] >= 1
         child.stdin.close()
         if reaped:
             child.wait(20)  # exits and is reaped, as its parent would
         # else it stays a zombie until the fixture reaps it: exited all the same
         # The monitor notices, publishes what is left and stops by itself.
-        poll(lambda: not sm.monitor.running and not nbmon_threads(), what="the monitor to stop")
+        wait_until(lambda: not sm.monitor.running and not nbmon_threads(), timeout=20.0, what="the monitor to stop")
         seq, published = sm.monitor.store.seq, sender.count()
         sm.flush()  # everything was already published
         assert sender.count() == published
@@ -345,11 +326,11 @@ def test_child_that_exits_leaves_no_empty_tree_sample(sender, child, reaped):
     sm = SystemMonitor(child.pid, sender, sample_rate_seconds=0.3)
     sm.start()
     try:
-        poll(lambda: sm.monitor.store.seq >= 3, what="3 samples")
+        wait_until(lambda: sm.monitor.store.seq >= 3, timeout=20.0, what="3 samples")
         child.stdin.close()
         if reaped:
             child.wait(20)
-        poll(lambda: not sm.monitor.running and not nbmon_threads(), what="the monitor to stop")
+        wait_until(lambda: not sm.monitor.running and not nbmon_threads(), timeout=20.0, what="the monitor to stop")
     finally:
         sm.shutdown()
     _, _, cols = sm.monitor.store.series(["proc_rss_mb", "proc_count"])

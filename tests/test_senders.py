@@ -11,25 +11,12 @@ import stat
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 
 import pytest
 
+from helpers import nbmon_threads, wait_until
 from nbmon.monitor import Monitor
 from nbmon.senders import CallbackSender, CSVSender, ForwardSamples, JSONLinesSender
-
-
-def poll(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def nbmon_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("nbmon-") and t.is_alive()]
 
 
 def csv_rows(path) -> tuple[list[str], list[list[str]]]:
@@ -144,7 +131,7 @@ def test_clean_stop_has_every_sample_in_the_file(tmp_path, cls):
     mon = Monitor(interval=0.01, gpu=False, consumers=[forward])
     mon.start()
     try:
-        poll(lambda: mon.store.seq >= 20, what="20 samples")
+        wait_until(lambda: mon.store.seq >= 20, timeout=30.0, what="20 samples")
     finally:
         assert mon.stop(timeout=10)
     assert not nbmon_threads()
@@ -187,7 +174,7 @@ def test_sigkill_mid_run_leaves_only_whole_lines(tmp_path, lines):
             assert proc.poll() is None, proc.stderr.read()
             return path.exists() and path.read_bytes().count(b"\n") >= lines
 
-        poll(enough, what=f"{lines} lines")
+        wait_until(enough, timeout=30.0, what=f"{lines} lines")
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         if proc.poll() is None:

@@ -64,6 +64,15 @@ value = st.one_of(st.just(NAN), st.floats(0, 1e6, allow_nan=False), st.sampled_f
 step = st.one_of(st.just(0.0), st.floats(1e-6, 10.0), st.sampled_from([0.1, 0.25]))
 
 
+def draw_column(draw, kind: str, m: int, value) -> list[float]:
+    """``m`` values of one column of ``kind``: all NaN, one constant, or each drawn from ``value``."""
+    if kind == "all-nan":
+        return [NAN] * m
+    if kind == "constant":
+        return [draw(st.floats(0, 1e3))] * m
+    return draw(st.lists(value, min_size=m, max_size=m))
+
+
 @st.composite
 def runs(draw, max_samples: int = 700):
     k = draw(st.integers(1, 3))
@@ -73,12 +82,7 @@ def runs(draw, max_samples: int = 700):
     cols = []
     for _ in range(k):
         kind = draw(st.sampled_from(["mixed", "all-nan", "constant"]))
-        if kind == "all-nan":
-            cols.append([NAN] * m)
-        elif kind == "constant":
-            cols.append([draw(st.floats(0, 1e3))] * m)
-        else:
-            cols.append(draw(st.lists(value, min_size=m, max_size=m)))
+        cols.append(draw_column(draw, kind, m, value))
     rows = np.array(cols, dtype=float).reshape(k, m)
     t_open = draw(st.one_of(st.just(NAN), st.floats(0.0, 100.0)))
     late = draw(st.integers(0, m))  # a second window opens after this many samples

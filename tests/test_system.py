@@ -2,28 +2,18 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import psutil
 import pytest
 
+from helpers import burn_cpu, fd_count
 from nbmon.system import FIELDS, System
 
 BACKENDS = [pytest.param(True, id="proc"), pytest.param(False, id="psutil")]
 MIB = 1024.0 * 1024.0
 RATES = ("sys_disk_read_bps", "sys_disk_write_bps", "sys_net_sent_bps", "sys_net_recv_bps")
 COUNTERS = ("sys_disk_read_bytes", "sys_disk_write_bytes", "sys_net_sent_bytes", "sys_net_recv_bytes")
-
-
-def burn_cpu(seconds: float) -> None:
-    c0 = time.process_time()
-    while time.process_time() - c0 < seconds:
-        pass
-
-
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.fixture(params=BACKENDS)

@@ -1,0 +1,59 @@
+"""Plain helpers shared by the test modules (fixtures live in conftest.py).
+
+tests/ has no __init__.py: pytest puts it on sys.path, so a test module does
+``from helpers import wait_until, burn_cpu, fd_count, nbmon_threads``."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
+    """Bounded poll: the predicate's value once truthy, else fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def nbmon_threads() -> list[threading.Thread]:
+    """nbmon's own threads (all named ``nbmon-*``) that are still alive."""
+    return [t for t in threading.enumerate() if t.name.startswith("nbmon-") and t.is_alive()]
+
+
+def burn_cpu(seconds: float) -> None:
+    """Spin until this process has used ``seconds`` more of CPU time."""
+    c0 = time.process_time()
+    while time.process_time() - c0 < seconds:
+        pass
+
+
+def fd_count() -> int:
+    """Open file descriptors of this process."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def free_pid(timeout: float | None = None) -> int:
+    """The pid of a process that was spawned and reaped: no process has it
+    (unless the system reused it since)."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(timeout)
+    return p.pid
+
+
+def gone_pid() -> int:
+    """``free_pid()``, skipping the test if the pid was already reused."""
+    pid = free_pid(timeout=20)
+    if psutil.pid_exists(pid):
+        pytest.skip("the pid was reused at once")
+    return pid

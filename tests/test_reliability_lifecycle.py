@@ -1,0 +1,700 @@
+"""Reliability, lifecycle: start/stop cycles, bounded stop, interpreter exit,
+fork, and a watched process that exits -- on real threads, real child
+processes, a real IPython shell and the real /proc.
+
+Figures for the reliability report are printed as ``FIGURE <scenario>: ...``
+lines (run with ``-s`` to see them).
+
+Already proven elsewhere, not repeated here:
+  - 50 thread-backend cycles without GPU: test_monitor.py::test_start_stop_cycles_leak_no_thread_and_no_descriptor
+  - a stuck source while the thread is inside it: test_monitor.py::test_stop_is_bounded_with_a_stuck_source,
+    test_sampler.py::test_stop_is_bounded_when_a_source_is_stuck_and_the_thread_never_writes_again
+  - a thread-backend monitor on a child that exits: test_monitor.py::test_run_on_a_child_that_exits_ends_by_itself
+  - SystemMonitor on a child that exits (final dict, clean shutdown):
+    test_seed_system_monitor.py::test_child_that_exits_gets_a_final_dict_and_the_monitor_stops
+  - NVML re-initialised in a forked child (no monitor running): test_nvml.py::test_forked_child_initialises_again
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+import nbmon.nvml as nvml
+import nbmon.session
+from nbmon.monitor import Monitor
+from nbmon.senders import CSVSender, ForwardSamples
+
+DEADLINE_S = 30.0   # bounded polls: generous for a loaded 2-core box
+SLACK_S = 0.5       # on top of the documented stop bound (interval + 0.1 s)
+MIB = 1024 * 1024
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def poll(cond, what: str, timeout: float = DEADLINE_S):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.005)
+
+
+def nbmon_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("nbmon-") and t.is_alive()]
+
+
+def fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def rss_mib() -> float:
+    """Resident memory after a full collection, with the allocator's free
+    pages handed back (malloc_trim), so that what is measured is memory in
+    use, not what glibc's per-thread arenas happen to cache."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except AttributeError:  # not glibc
+        pass
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MIB
+
+
+def figure(scenario: str, **values) -> None:
+    print(f"\nFIGURE {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+
+
+def helper_running(pid: int, parent: int | None = None) -> bool:
+    """Whether a sampler helper with this pid is alive (a zombie is dead: it
+    only waits for its parent, or for init, to reap it)."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        cmd = p.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    return "nbmon.procsampler" in cmd and (parent is None or f"--parent={parent}" in cmd)
+
+
+def helpers_of(parent: int) -> list[int]:
+    """Running sampler helpers started by ``parent`` (found by their command line)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if ("nbmon.procsampler" in cmd and f"--parent={parent}" in cmd
+                and p.info["status"] != psutil.STATUS_ZOMBIE):
+            found.append(p.info["pid"])
+    return found
+
+
+def in_forked_child(body, timeout: float = DEADLINE_S) -> dict:
+    """Run ``body()`` (returns a JSON-able dict) in a forked child; the answer
+    comes back through a pipe. Bounded: a child that hangs is killed and the
+    test fails. The child never returns into pytest."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            try:
+                answer = body()
+                code = 0
+            except BaseException as err:  # reported, not raised into pytest's copy
+                import traceback
+                answer = {"error": "".join(traceback.format_exception(err))}
+            os.write(w, json.dumps(answer).encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child hung (deadlock?)")
+            time.sleep(0.01)
+        with os.fdopen(r, "rb") as f:
+            answer = json.loads(f.read().decode() or "{}")
+    finally:
+        try:
+            os.close(r)
+        except OSError:
+            pass
+    assert "error" not in answer, answer["error"]
+    assert os.waitstatus_to_exitcode(status) == 0, answer
+    return answer
+
+
+# -- start/stop cycles -------------------------------------------------------------
+
+
+def test_thread_backend_1000_start_stop_cycles_leak_nothing():
+    m = Monitor(interval=0.005)  # GPU on: here NVML is absent and says so, elsewhere it is read
+    for _ in range(50):  # warm-up: imports, NVML's one-time init, the allocator's pools
+        m.start()
+        assert m.stop(timeout=DEADLINE_S)
+    gc.collect()
+    fds, rss = fd_count(), rss_mib()
+    unclean = runs_without_final_sample = 0
+    for _ in range(1000):
+        m.start()
+        assert m.running
+        unclean += not m.stop(timeout=DEADLINE_S)
+        assert not m.running
+        runs_without_final_sample += m.store.seq == 0  # every run ends with its final state
+    gc.collect()
+    leaked_threads = nbmon_threads()
+    growth = rss_mib() - rss
+    figure("thread-backend 1000 cycles", unclean=unclean, leaked_threads=len(leaked_threads),
+           fd_delta=fd_count() - fds, rss_growth_mib=round(growth, 2),
+           runs_without_final_sample=runs_without_final_sample, gpu_state=repr(m.gpu_state))
+    assert unclean == 0
+    assert leaked_threads == []
+    assert fd_count() == fds
+    assert growth <= 5.0, f"RSS grew {growth:.2f} MiB over 1000 cycles"
+    assert runs_without_final_sample == 0
+
+
+def test_process_backend_50_start_stop_cycles_leak_nothing():
+    me = psutil.Process()
+    warm = Monitor(interval=0.01, backend="process")
+    warm.start()
+    assert warm.stop(timeout=DEADLINE_S)  # warm-up: imports
+    assert warm.backend_used == "process", warm.backend_note
+    del warm
+    gc.collect()
+    fds = fd_count()
+    m = Monitor(interval=0.01, backend="process")
+    helpers, unclean, runs_without_final_sample = [], 0, 0
+    for _ in range(50):
+        m.start()
+        assert m.running and m.backend_used == "process"
+        helper = m._sampler.proc.pid
+        helpers.append(helper)
+        assert [c.pid for c in me.children()] == [helper]
+        unclean += not m.stop(timeout=DEADLINE_S)
+        assert me.children() == []  # reaped by stop(): no zombie left
+        runs_without_final_sample += m.store.seq == 0
+    left = [pid for pid in helpers if helper_running(pid)]
+    figure("process-backend 50 cycles", unclean=unclean, leaked_threads=len(nbmon_threads()),
+           fd_delta=fd_count() - fds, helpers_left=len(left), children_left=len(me.children()),
+           runs_without_final_sample=runs_without_final_sample)
+    assert unclean == 0
+    assert nbmon_threads() == []
+    assert fd_count() == fds  # the helper's pipes are closed by stop(), not left for the next start
+    assert left == []
+    assert runs_without_final_sample == 0
+
+
+def test_process_backend_started_from_a_thread_that_ends_keeps_sampling():
+    # PR_SET_PDEATHSIG fires when the *thread* that started the helper ends:
+    # a monitor started from a worker thread must outlive that thread.
+    m = Monitor(interval=0.01, backend="process", gpu=False)
+    starter = threading.Thread(target=m.start, name="starter")
+    starter.start()
+    starter.join(DEADLINE_S)
+    assert not starter.is_alive() and m.backend_used == "process"
+    seq = m.store.seq
+    try:
+        poll(lambda: m.store.seq >= seq + 20, "20 samples after the starting thread ended", timeout=10)
+        assert m.running and m._sampler.proc.poll() is None
+    finally:
+        assert m.stop(timeout=DEADLINE_S)
+
+
+def test_resmon_100_cycles_in_a_real_ipython_shell():
+    from IPython.testing import globalipapp
+    from IPython.utils.capture import capture_output
+
+    from nbmon.live import Dashboard
+
+    ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # None once anyone started it
+    saved = list(ip.display_formatter.active_types)
+    ip.display_formatter.active_types = list(ip.display_formatter.format_types)
+    with capture_output():
+        ip.run_line_magic("load_ext", "nbmon")
+
+    def cycle():
+        with capture_output() as cap:
+            ip.run_line_magic("resmon", "--interval 0.01")
+        assert WIDGET_MIME in cap.outputs[0].data
+        with capture_output() as cap:
+            ip.run_line_magic("resmon", "stop")
+        assert [o for o in cap.outputs if o.update], "the chart was not replaced by its record"
+        poll(lambda: not nbmon_threads(), "every nbmon thread to end after %resmon stop", timeout=5)
+
+    def live_widgets() -> int:
+        return sum(isinstance(o, Dashboard) or type(o).__name__.endswith("FigureWidget")
+                   for o in gc.get_objects())
+
+    try:
+        for _ in range(10):  # warm-up: plotly, the widget bundle, the allocator's pools
+            cycle()
+        gc.collect()
+        fds, rss, objects, widgets = fd_count(), rss_mib(), len(gc.get_objects()), live_widgets()
+        for _ in range(100):
+            cycle()
+        gc.collect()
+        growth, object_growth = rss_mib() - rss, len(gc.get_objects()) - objects
+        figure("%resmon 100 cycles", backend=nbmon.session.SESSION.monitor.backend_used,
+               leaked_threads=len(nbmon_threads()), fd_delta=fd_count() - fds,
+               rss_growth_mib=round(growth, 2), object_growth=object_growth,
+               widgets_left=live_widgets() - widgets)
+        assert nbmon_threads() == []
+        assert fd_count() == fds
+        # Each %resmon used to leave its chart (~0.5 MiB, ~800 objects) in memory for good.
+        assert live_widgets() == widgets  # (other tests' dashboards may still be alive)
+        assert object_growth < 2000
+        assert growth <= 16.0, f"RSS grew {growth:.1f} MiB over 100 cycles"
+    finally:
+        with capture_output():
+            ip.run_line_magic("unload_ext", "nbmon")
+        ip.display_formatter.active_types = saved
+
+
+# -- bounded stop ---------------------------------------------------------------------
+
+
+class Sleepy:
+    """A source whose ``stuck_on``-th call sleeps 10 s (cut short by ``release``);
+    its value is the call's number, so a row from the stuck call is recognisable."""
+
+    name = "sleepy"
+    fields = ("sleepy_call",)
+
+    def __init__(self, release: threading.Event, stuck_on: int | None = 3):
+        self.release = release
+        self.stuck_on = stuck_on
+        self.entered = threading.Event()
+        self.calls = 0
+        self.calls_by_thread: dict[int, list[int]] = {}
+        self.arm = threading.Event()  # armed: every call from now on is stuck
+
+    def start(self, now):
+        pass
+
+    def sample(self, now):
+        self.calls += 1
+        call = self.calls
+        self.calls_by_thread.setdefault(threading.get_ident(), []).append(call)
+        if call == self.stuck_on or self.arm.is_set():
+            self.entered.set()
+            self.release.wait(10)
+        return (float(call),)
+
+    def close(self):
+        pass
+
+
+class BlockingCSV(CSVSender):
+    """A real CSV file sender whose first write blocks until released."""
+
+    def __init__(self, path, release: threading.Event):
+        super().__init__(path)
+        self.release = release
+        self.entered = threading.Event()
+        self.writes_by_thread: dict[int, int] = {}
+
+    def publish_many(self, events):
+        me = threading.get_ident()
+        self.writes_by_thread[me] = self.writes_by_thread.get(me, 0) + 1
+        if not self.entered.is_set():
+            self.entered.set()
+            self.release.wait(10)
+        super().publish_many(events)
+
+
+@pytest.mark.allow_stuck_thread
+def test_stop_is_bounded_with_a_stuck_sender_and_source_and_a_restart_cannot_revive_the_old_thread(tmp_path):
+    release = threading.Event()
+    sleepy = Sleepy(release)
+    sender = BlockingCSV(tmp_path / "out.csv", release)
+    m = Monitor(interval=0.02, gpu=False, system=False, extra_sources=[sleepy],
+                consumers=[ForwardSamples(sender, every_s=0.01)])
+    try:
+        m.start()
+        assert sleepy.entered.wait(DEADLINE_S) and sender.entered.wait(DEADLINE_S)
+        old_store, old_sampler = m.store, m._sampler._thread
+        old_sender = m._senders.thread
+        seq = old_store.seq
+        t0 = time.monotonic()
+        clean = m.stop()
+        took = time.monotonic() - t0
+        figure("stop with stuck sender+source", took_s=round(took, 3), bound_s=m.interval + 0.1, clean=clean)
+        assert clean is False  # a stuck thread was left behind, and said so
+        assert took <= m.interval + 0.1 + SLACK_S
+        assert not m.running and old_sampler.is_alive() and old_sender.is_alive()
+
+        m.start()  # a new run while the old threads are still stuck
+        new_store = m.store
+        assert new_store is not old_store
+        poll(lambda: new_store.seq >= 5, "the new run to sample")
+        release.set()  # the old threads wake up now
+        poll(lambda: not old_sampler.is_alive() and not old_sender.is_alive(), "the old threads to end")
+        lines = sender.lines_written
+        poll(lambda: sender.lines_written > lines, "the new run to keep writing (its file still open)")
+        assert m.stop(timeout=DEADLINE_S) is True
+    finally:
+        release.set()
+        m.stop(timeout=DEADLINE_S)
+
+    # The old sampler thread: its stuck call was its last, and nothing reached either store.
+    old_calls = sleepy.calls_by_thread[old_sampler.ident]
+    assert old_calls[-1] == sleepy.stuck_on
+    assert old_store.seq == seq
+    for store in (old_store, new_store):
+        _, _, cols = store.series(["sleepy_call"])
+        assert float(sleepy.stuck_on) not in cols["sleepy_call"].tolist()
+    # The old sender thread: only its stuck write; it did not tick the new run
+    # nor close the file the new run was using.
+    assert sender.writes_by_thread[old_sender.ident] == 1
+    walls = set(new_store.rows_since(0)[1].tolist())
+    text = (tmp_path / "out.csv").read_text()
+    assert text.endswith("\n")
+    times = [float(line.split(",", 1)[0]) for line in text.splitlines()[1:]]
+    figure("stuck-sender restart", new_run_samples=len(walls),
+           new_run_rows_in_file=len(walls & set(times)), duplicated=len(times) - len(set(times)))
+    assert walls <= set(times) and len(times) == len(set(times))
+
+
+@pytest.mark.allow_stuck_thread
+def test_stop_is_bounded_when_a_source_sticks_while_the_sampler_waits():
+    # The run's final sample used to be read by stop()'s caller: a source that
+    # got stuck between two ticks then held stop() for its whole sleep.
+    release = threading.Event()
+    sleepy = Sleepy(release, stuck_on=None)
+    m = Monitor(interval=0.5, gpu=False, system=False, extra_sources=[sleepy])
+    try:
+        m.start()
+        seq = m.store.seq
+        poll(lambda: m.store.seq > seq, "a sample")
+        sleepy.arm.set()  # the thread is waiting for its next tick now
+        thread = m._sampler._thread
+        t0 = time.monotonic()
+        clean = m.stop()
+        took = time.monotonic() - t0
+        figure("stop with a source stuck between ticks", took_s=round(took, 3), bound_s=0.6, clean=clean)
+        assert clean is False and took <= m.interval + 0.1 + SLACK_S
+        seq = m.store.seq
+    finally:
+        release.set()
+    poll(lambda: not thread.is_alive(), "the abandoned thread to end")
+    assert m.store.seq == seq  # its late final sample was not stored
+    assert threading.get_ident() not in sleepy.calls_by_thread  # the caller never read a source
+
+
+# -- interpreter exit -------------------------------------------------------------------
+
+EXIT_SCRIPTS = {
+    "thread": """
+        from nbmon.monitor import Monitor
+        m = Monitor(interval=0.01).start()
+        while m.store.seq < 5:
+            pass
+    """,
+    "stuck-source": """
+        import threading, time
+        from nbmon.monitor import Monitor
+        entered = threading.Event()
+        class Stuck:
+            name, fields = "stuck", ("stuck_value",)
+            def start(self, now): pass
+            def close(self): pass
+            def sample(self, now):
+                entered.set()
+                time.sleep(60)
+                return (1.0,)
+        m = Monitor(interval=0.01, extra_sources=[Stuck()]).start()
+        assert entered.wait(20)
+    """,
+    "process": """
+        import time
+        from nbmon.monitor import Monitor
+        m = Monitor(interval=0.01, backend="process").start()
+        assert m.backend_used == "process", m.backend_note
+        print(m._sampler.proc.pid, flush=True)
+        deadline = time.monotonic() + 20
+        while m.store.seq < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    """,
+    "with-consumer": """
+        import sys
+        from nbmon.monitor import Monitor
+        from nbmon.senders import CSVSender, ForwardSamples
+        m = Monitor(interval=0.01, consumers=[ForwardSamples(CSVSender(sys.argv[1]), every_s=0.01)]).start()
+        while m.store.seq < 5:
+            pass
+    """,
+}
+
+
+@pytest.mark.parametrize("kind", list(EXIT_SCRIPTS))
+def test_interpreter_exit_with_a_running_monitor_never_blocks(kind, tmp_path):
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(EXIT_SCRIPTS[kind]), str(tmp_path / "o.csv")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    took = time.monotonic() - t0
+    left = []
+    if kind == "process":
+        helper = int(out.split()[0])
+        # No PR_SET_PDEATHSIG: the helper ends on its stdin's EOF / its parent's exit.
+        poll(lambda: not helper_running(helper, parent=proc.pid), "the helper to end", timeout=10)
+        left = helpers_of(proc.pid)
+    figure(f"interpreter exit ({kind})", exit_code=proc.returncode, took_s=round(took, 2),
+           stderr_bytes=len(err), helpers_left=len(left))
+    assert proc.returncode == 0, err
+    assert err == ""  # no traceback, no warning
+    assert took < 20, f"exit took {took:.1f} s"
+    assert left == []
+
+
+KILLED_KERNEL = """
+    import subprocess, sys, time
+    from nbmon.monitor import Monitor
+    m = Monitor(interval=0.01, backend="process", gpu=False).start()
+    assert m.backend_used == "process", m.backend_note
+    keep = []
+    if sys.argv[1] == "pipe-held":  # another process holds the helper's stdin: no EOF when we die
+        keep.append(subprocess.Popen(["sleep", "60"], pass_fds=[m._sampler.proc.stdin.fileno()]))
+    print(m._sampler.proc.pid, " ".join(str(p.pid) for p in keep), flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["plain", "pipe-held"])
+def test_a_killed_kernel_takes_its_helper_along(how):
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILLED_KERNEL), how],
+                            stdout=subprocess.PIPE, text=True)
+    others = []
+    try:
+        pids = proc.stdout.readline().split()
+        assert pids, "the kernel did not start its helper"
+        helper, others = int(pids[0]), [int(p) for p in pids[1:]]
+        assert helper_running(helper, parent=proc.pid)
+        proc.kill()  # SIGKILL: no atexit, no stop()
+        proc.wait(20)
+        t0 = time.monotonic()
+        poll(lambda: not helper_running(helper), "the helper to end after its kernel was killed", timeout=10)
+        figure(f"kernel SIGKILLed ({how})", helper_gone_after_s=round(time.monotonic() - t0, 2))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        for pid in others:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+# -- fork ------------------------------------------------------------------------------
+
+
+def _proc_fds_of(pid: int) -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(f"/proc/{pid}/"):
+            out.append(target)
+    return out
+
+
+def test_fork_while_sampling_the_child_starts_clean_and_can_monitor():
+    parent = os.getpid()
+    m = Monitor(interval=0.005).start()
+    try:
+        poll(lambda: m.store.seq >= 5, "samples before the fork")
+        assert _proc_fds_of(parent)  # the parent's sources keep /proc files open
+
+        def child():
+            names = [t.name for t in threading.enumerate() if t.name.startswith("nbmon-")]
+            result = {"threads": names, "running": m.running, "inherited_proc_fds": _proc_fds_of(parent)}
+            mine = Monitor(interval=0.005).start()
+            deadline = time.monotonic() + 20
+            while mine.store.seq < 5 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            result.update(samples=mine.store.seq, clean=mine.stop(timeout=20), pid=mine.pid == os.getpid(),
+                          restart_old=m.start().running and m.stop(timeout=20))
+            return result
+
+        answer = in_forked_child(child)
+        figure("fork while sampling", child_threads=len(answer["threads"]), child_running=answer["running"],
+               child_samples=answer["samples"], inherited_proc_fds=len(answer["inherited_proc_fds"]))
+        assert answer["threads"] == [] and answer["running"] is False
+        assert answer["inherited_proc_fds"] == []  # the parent's /proc descriptors were dropped in the child
+        assert answer["samples"] >= 5 and answer["clean"] and answer["pid"]
+        assert answer["restart_old"]  # the parent's monitor object starts anew in the child
+        seq = m.store.seq
+        poll(lambda: m.store.seq >= seq + 5, "the parent to keep sampling")
+    finally:
+        assert m.stop(timeout=DEADLINE_S)
+
+
+def test_fork_while_the_helper_process_samples_the_parent_still_stops_it_cleanly():
+    # The child's copies of the helper's pipes used to keep its stdin open:
+    # the parent's stop() then waited out its bound and killed the helper.
+    m = Monitor(interval=0.01, backend="process", gpu=False).start()
+    assert m.backend_used == "process"
+    helper = m._sampler.proc.pid
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child lives until the parent has stopped its monitor
+        try:
+            os.close(go_w)
+            os.read(go_r, 1)
+        finally:
+            os._exit(0 if not m.running else 1)
+    os.close(go_r)
+    try:
+        poll(lambda: m.store.seq >= 5, "samples after the fork")
+        t0 = time.monotonic()
+        clean = m.stop(timeout=5)
+        took = time.monotonic() - t0
+        figure("fork with process backend", parent_stop_clean=clean, took_s=round(took, 3))
+        assert clean is True
+        assert not helper_running(helper)
+    finally:
+        os.close(go_w)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _task(n: int) -> tuple[int, int, bool]:
+    # Runs in a forked pool worker: nbmon works there too.
+    m = Monitor(interval=0.005, gpu=False).start()
+    m.sample_now()
+    clean = m.stop(timeout=20)
+    return n * n, m.store.seq, clean
+
+
+def test_fork_pool_while_sampling_every_5_ms_does_not_deadlock():
+    m = Monitor(interval=0.005).start()
+    try:
+        poll(lambda: m.store.seq >= 5, "samples before the pool")
+        ctx = multiprocessing.get_context("fork")
+        t0 = time.monotonic()
+        with ctx.Pool(4) as pool:
+            results = pool.map_async(_task, range(20)).get(timeout=60)  # a deadlock fails here
+        took = time.monotonic() - t0
+        figure("fork pool while sampling", tasks=len(results), took_s=round(took, 2),
+               tasks_failed=sum(not clean or seq < 1 for _, seq, clean in results))
+        assert [r[0] for r in results] == [n * n for n in range(20)]
+        assert all(clean and seq >= 1 for _, seq, clean in results)
+        seq = m.store.seq
+        poll(lambda: m.store.seq >= seq + 5, "the parent to keep sampling")
+    finally:
+        assert m.stop(timeout=DEADLINE_S)
+
+
+DEVICE = dict(name="FakeGPU-A", util_gpu=37, util_mem=12, mem_total=80 << 30, mem_used=1536 << 20,
+              temp=55, power_mw=123_456, power_limit_mw=700_000, sm_clock=1980, mem_clock=2619)
+
+
+def test_nvml_is_initialised_again_in_a_child_forked_while_sampling(fake_gpu):
+    fake_gpu.set(devices=[DEVICE])
+    m = Monitor(interval=0.005).start()
+    try:
+        assert m.gpu_state == "ok" and m.gpu_count == 1
+        poll(lambda: m.store.seq >= 5, "GPU samples before the fork")
+        parent = os.getpid()
+        assert nvml._init_pid == parent
+
+        def child():
+            before = nvml._init_pid
+            ok = nvml.init()
+            mine = Monitor(interval=0.005).start()
+            gpus = mine.gpu_count  # while it runs: a stopped run has closed its devices
+            deadline = time.monotonic() + 20
+            while mine.store.seq < 3 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            clean = mine.stop(timeout=20)
+            util = mine.summary().mean_gpu_util
+            return {"before": before, "init": ok, "init_pid": nvml._init_pid, "pid": os.getpid(),
+                    "devices": nvml.device_count(), "monitor_gpus": gpus, "clean": clean,
+                    "util": util}
+
+        answer = in_forked_child(child)
+        figure("nvml in a forked child", init_pid_is_child=answer["init_pid"] == answer["pid"],
+               devices=answer["devices"])
+        assert answer["before"] is None  # reset at fork: the parent's NVML state is not the child's
+        assert answer["init"] is True and answer["init_pid"] == answer["pid"] != parent
+        assert answer["devices"] == 1 and answer["monitor_gpus"] == 1 and answer["clean"]
+        assert answer["util"] == pytest.approx(37.0)
+        assert nvml._init_pid == parent  # the parent is untouched
+        seq = m.store.seq
+        poll(lambda: m.store.seq >= seq + 3, "the parent to keep sampling its GPU")
+    finally:
+        assert m.stop(timeout=DEADLINE_S)
+
+
+# -- the watched process exits ------------------------------------------------------------
+
+
+def test_process_backend_run_on_a_child_that_exits_ends_by_itself():
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        m = Monitor(pid=p.pid, interval=0.02, backend="process", gpu=False).start()
+        assert m.backend_used == "process"
+        helper = m._sampler.proc.pid
+        poll(lambda: m.store.seq >= 3, "3 samples")
+        p.stdin.close()  # it exits; nobody reaps it yet
+        poll(lambda: not m.running, "the run to end when its process exited")
+        s = m.summary()
+        figure("watched pid exits (process backend)", samples=s.num_samples, faults=len(m.faults))
+        assert s.num_samples >= 3 and s.num_samples == m.store.seq
+        assert s.peak_rss_mb > 0 and s.duration_sec > 0
+        assert m.stop(timeout=DEADLINE_S) is True
+        assert m.summary() == s and m.faults == {}
+        assert not helper_running(helper) and nbmon_threads() == []
+    finally:
+        p.wait()
+
+
+@pytest.mark.parametrize("code", [
+    # children that come and go while the command runs
+    "import subprocess, sys, time\n"
+    "for _ in range(5):\n"
+    "    subprocess.run([sys.executable, '-c', 'import time; time.sleep(0.05)'])\n"
+    "time.sleep(0.2)",
+    # the command exits while its child still runs
+    "import subprocess, sys\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.5)'])",
+], ids=["children-exit", "root-exits-first"])
+def test_nbmon_run_with_children_that_exit_prints_a_summary_and_no_traceback(tmp_path, code):
+    done = subprocess.run([sys.executable, "-m", "nbmon.cli", "run", "--interval", "0.02", "--",
+                           sys.executable, "-c", code],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    figure("nbmon run, children exit", exit_code=done.returncode,
+           traceback="Traceback" in done.stderr, summary="Peak RSS" in done.stderr)
+    assert done.returncode == 0, done.stderr
+    assert "Peak RSS" in done.stderr and "Samples" in done.stderr
+    assert "Traceback" not in done.stderr and "failed" not in done.stderr
