@@ -10,7 +10,6 @@ backend. A contender that is not installed is listed as missing, not faked.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import os
 import platform
@@ -430,7 +429,7 @@ def main() -> None:
     missing = [n for n, f in CONTENDERS.items() if f is None]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip() or "?"
-    lines = [f"# nbmon benchmark results",
+    lines = ["# nbmon benchmark results",
              "",
              f"Commit `{commit}`, {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. `python benchmarks/run.py"

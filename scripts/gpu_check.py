@@ -75,7 +75,7 @@ def main() -> int:
     ]
     print(f"workload: {iters} bf16 matmuls {n}x{n} in {args.seconds:.0f} s = {tflops:.0f} TFLOP/s")
     print(f"samples in span: {summary.num_samples}, faults: {monitor.faults or 'none'}")
-    print(f"latest gpu0: " + ", ".join(f"{k}={v:.1f}" for k, v in latest.items() if k.startswith("gpu0_")))
+    print("latest gpu0: " + ", ".join(f"{k}={v:.1f}" for k, v in latest.items() if k.startswith("gpu0_")))
     print("\n| check | result | value |\n|---|---|---|")
     for name, ok, value in checks:
         print(f"| {name} | {'PASS' if ok else 'FAIL'} | {value} |")

@@ -57,3 +57,8 @@ def gone_pid() -> int:
     if psutil.pid_exists(pid):
         pytest.skip("the pid was reused at once")
     return pid
+
+
+def figure(scenario: str, **values) -> None:
+    """Print a measured figure (run with -s to see them) for benchmarks/RELIABILITY.md."""
+    print(f"\nFIGURE {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items()))

@@ -13,7 +13,6 @@ from fake_nvml import (
     DEVICE_ERROR_FIELDS,
     FakeNVML,
     build,
-    compiler,
     init_refcount,
     load_into_pynvml,
     unload_from_pynvml,

@@ -12,7 +12,6 @@ import pytest
 from comm.base_comm import BaseComm
 
 from helpers import wait_until
-from nbmon import nvml
 from nbmon.live import THREAD_NAME, Dashboard, frame_bytes
 from nbmon.monitor import Monitor
 

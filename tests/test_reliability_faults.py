@@ -27,12 +27,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import warnings
 
 import numpy as np
 import pytest
+from helpers import figure, wait_until
 
 from nbmon.monitor import Monitor
 from nbmon.proctree import FIELDS, ProcessTree
@@ -42,22 +42,9 @@ DEADLINE_S = 30.0
 
 
 def poll(cond, what: str, timeout: float = DEADLINE_S):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.005)
+    return wait_until(cond, timeout=timeout, what=what)
 
 
-def nbmon_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("nbmon-") and t.is_alive()]
-
-
-def figure(scenario: str, **values) -> None:
-    print(f"\nFIGURE {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
 
 
 # -- broken sources through a running Monitor --------------------------------------------

@@ -29,6 +29,7 @@ import time
 
 import psutil
 import pytest
+from helpers import fd_count, figure, nbmon_threads, wait_until
 
 import nbmon.nvml as nvml
 import nbmon.session
@@ -42,22 +43,9 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
 def poll(cond, what: str, timeout: float = DEADLINE_S):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.005)
+    return wait_until(cond, timeout=timeout, what=what)
 
 
-def nbmon_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("nbmon-") and t.is_alive()]
-
-
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 def rss_mib() -> float:
@@ -72,9 +60,6 @@ def rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MIB
 
-
-def figure(scenario: str, **values) -> None:
-    print(f"\nFIGURE {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
 
 
 def helper_running(pid: int, parent: int | None = None) -> bool:

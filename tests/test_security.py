@@ -19,10 +19,10 @@ import pathlib
 import stat
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
+from helpers import figure, wait_until
 
 import nbmon
 from nbmon.live import Dashboard, write_html
@@ -34,18 +34,8 @@ INET = {"AF_INET", "AF_INET6"}
 
 
 def poll(cond, what: str, timeout: float = DEADLINE_S):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.01)
+    return wait_until(cond, timeout=timeout, what=what)
 
-
-def figure(scenario: str, **values) -> None:
-    print(f"\nFIGURE {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
 
 
 # -- no network --------------------------------------------------------------------------
