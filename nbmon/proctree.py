@@ -41,7 +41,7 @@ def _cpu_clock_id(pid: int) -> int:
 class _LinuxProc:
     """Kept-open /proc descriptors of one process of the tree."""
 
-    __slots__ = ("pid", "parent", "stat_fd", "statm_fd", "children_fd", "clock",
+    __slots__ = ("pid", "parent", "stat_fd", "statm_fd", "children_fd", "io_fd", "clock",
                  "own_s", "children_s", "threads", "rss_pages", "read_bytes", "write_bytes",
                  "exited")
 
@@ -61,6 +61,10 @@ class _LinuxProc:
             self.children_fd = os.open(f"{base}task/{pid}/children", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             self.children_fd = -1
+        try:
+            self.io_fd = os.open(base + "io", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # another user's process: /proc/<pid>/io needs ptrace rights
+            self.io_fd = -1
         self.clock = _cpu_clock_id(pid)
         self.own_s = self.children_s = 0.0
         self.threads = 0.0
@@ -103,9 +107,10 @@ class _LinuxProc:
 
     def read_io(self) -> None:
         try:
-            with open(f"/proc/{self.pid}/io", "rb") as f:
-                text = f.read()
-        except OSError:  # another user's process: /proc/<pid>/io needs ptrace rights
+            if self.io_fd < 0:
+                raise PermissionError
+            text = pread(self.io_fd, 1024)
+        except OSError:  # no rights to it, or the process is going
             self.read_bytes = self.write_bytes = NAN
             return
         for line in text.splitlines():
@@ -130,10 +135,10 @@ class _LinuxProc:
         return pids
 
     def close(self) -> None:
-        for fd in (self.stat_fd, self.statm_fd, self.children_fd):
+        for fd in (self.stat_fd, self.statm_fd, self.children_fd, self.io_fd):
             if fd >= 0:
                 os.close(fd)
-        self.stat_fd = self.statm_fd = self.children_fd = -1
+        self.stat_fd = self.statm_fd = self.children_fd = self.io_fd = -1
 
 
 class ProcessTree:

@@ -52,7 +52,8 @@ class System:
         self.use_proc = use_proc
         self.disk_path = disk_path
         self.slow_every_s = slow_every_s
-        self._stat_fd = self._meminfo_fd = -1
+        self._stat_fd = self._meminfo_fd = self._diskstats_fd = self._net_fd = -1
+        self._disks: frozenset[bytes] = frozenset()
         self._cpu_busy = self._cpu_total = NAN
         self._cpu_percent = NAN
         self._slow = (NAN,) * (len(FIELDS) - _SLOW)
@@ -63,6 +64,12 @@ class System:
         if self.use_proc:
             self._stat_fd = os.open("/proc/stat", os.O_RDONLY | os.O_CLOEXEC)
             self._meminfo_fd = os.open("/proc/meminfo", os.O_RDONLY | os.O_CLOEXEC)
+            self._diskstats_fd = _open_or_minus_one("/proc/diskstats")
+            self._net_fd = _open_or_minus_one("/proc/net/dev")
+            try:  # whole disks, not partitions (as psutil counts them)
+                self._disks = frozenset(name.encode() for name in os.listdir("/sys/block"))
+            except OSError:
+                self._disks = frozenset()
         self._cpu_busy, self._cpu_total = self._cpu_times()
         self._refresh_slow(now)
 
@@ -92,7 +99,12 @@ class System:
         vm = psutil.virtual_memory()
         return vm.total / MIB, vm.available / MIB, psutil.swap_memory().used / MIB
 
-    def _refresh_slow(self, now: float) -> None:
+    def _io_counters(self) -> list[float]:
+        """[disk read, disk written, net sent, net received] bytes since boot."""
+        if self.use_proc:
+            # Kept-open fds read with the GIL held: psutil's opens and reads
+            # would each hand the GIL back and forth with a busy main thread.
+            return _diskstats(self._diskstats_fd, self._disks) + _net_dev(self._net_fd)
         import psutil
 
         counters = []
@@ -107,6 +119,12 @@ class System:
                          float(sum(n.bytes_recv for name, n in nics.items() if name != "lo"))]
         except Exception:
             counters += [NAN, NAN]
+        return counters
+
+    def _refresh_slow(self, now: float) -> None:
+        import psutil
+
+        counters = self._io_counters()
         mem_total, mem_avail, swap_used = self._memory_mb()
         used = mem_total - mem_avail
         dt = now - self._last_slow_t
@@ -144,10 +162,42 @@ class System:
         return (cpu,) + self._slow
 
     def close(self) -> None:
-        for fd in (self._stat_fd, self._meminfo_fd):
+        for fd in (self._stat_fd, self._meminfo_fd, self._diskstats_fd, self._net_fd):
             if fd >= 0:
                 os.close(fd)
-        self._stat_fd = self._meminfo_fd = -1
+        self._stat_fd = self._meminfo_fd = self._diskstats_fd = self._net_fd = -1
+
+
+def _open_or_minus_one(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+def _diskstats(fd: int, disks: frozenset) -> list[float]:
+    if fd < 0 or not disks:
+        return [NAN, NAN]
+    read = written = 0
+    for line in pread(fd).splitlines():
+        f = line.split()
+        if len(f) > 9 and f[2] in disks:
+            read += int(f[5])      # sectors read (512 bytes, whatever the device)
+            written += int(f[9])   # sectors written
+    return [read * 512.0, written * 512.0]
+
+
+def _net_dev(fd: int) -> list[float]:
+    if fd < 0:
+        return [NAN, NAN]
+    sent = received = 0
+    for line in pread(fd).splitlines()[2:]:  # two header lines
+        name, _, data = line.partition(b":")
+        f = data.split()
+        if name.strip() != b"lo" and len(f) >= 9:
+            received += int(f[0])
+            sent += int(f[8])
+    return [float(sent), float(received)]
 
 
 def _meminfo_kb(text: bytes, key: bytes) -> float:
