@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pynvml
 import pytest
@@ -15,7 +14,7 @@ import pytest
 import nbmon
 import nbmon.nvml as nvml
 from fake_nvml import init_refcount, unload_from_pynvml
-from helpers import wait_until
+from helpers import in_forked_child, wait_until
 from nbmon.monitor import Monitor
 
 MIB = 1 << 20
@@ -306,49 +305,13 @@ def test_tree_without_gpu_processes_reads_zero(fake_gpu):
 # -- fork -------------------------------------------------------------------
 
 
-def _in_forked_child(body) -> str:
-    """Run ``body()`` (returns str) in a forked child; its answer comes back
-    through a pipe. Bounded: a child that hangs is killed and the test fails."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        code = 1
-        try:
-            os.close(r)
-            os.write(w, body().encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                pytest.fail("the forked child hung")
-            time.sleep(0.01)
-        with os.fdopen(r, "rb") as f:
-            answer = f.read().decode()
-    finally:
-        try:
-            os.close(r)
-        except OSError:
-            pass
-    assert os.waitstatus_to_exitcode(status) == 0, answer
-    return answer
-
-
 def test_forked_child_initialises_again(fake_gpu):
     fake_gpu.set(devices=[DEV_A, DEV_B])
     assert nvml.init() is True
     parent = os.getpid()
     assert nvml._init_pid == parent
 
-    answer = _in_forked_child(lambda: f"{nvml.init()} {nvml._init_pid} {os.getpid()} "
+    answer = in_forked_child(timeout=20, body=lambda: f"{nvml.init()} {nvml._init_pid} {os.getpid()} "
                                       f"{nvml.device_count()} {nvml.status()}")
     ok, init_pid, child_pid, count, status = answer.split(" ", 4)
     assert ok == "True" and init_pid == child_pid != str(parent)
@@ -369,7 +332,7 @@ def test_fork_while_another_thread_holds_the_nvml_lock(fake_gpu):
     t.start()
     try:
         assert held.wait(10)
-        answer = _in_forked_child(lambda: f"{nvml.init()} {nvml._init_pid == os.getpid()}")
+        answer = in_forked_child(timeout=20, body=lambda: f"{nvml.init()} {nvml._init_pid == os.getpid()}")
     finally:
         release.set()
         t.join(10)

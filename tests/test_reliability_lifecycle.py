@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import json
 import multiprocessing
 import os
 import subprocess
@@ -29,7 +28,7 @@ import time
 
 import psutil
 import pytest
-from helpers import fd_count, figure, nbmon_threads, wait_until
+from helpers import fd_count, figure, in_forked_child, nbmon_threads, wait_until
 
 import nbmon.nvml as nvml
 import nbmon.session
@@ -84,49 +83,6 @@ def helpers_of(parent: int) -> list[int]:
                 and p.info["status"] != psutil.STATUS_ZOMBIE):
             found.append(p.info["pid"])
     return found
-
-
-def in_forked_child(body, timeout: float = DEADLINE_S) -> dict:
-    """Run ``body()`` (returns a JSON-able dict) in a forked child; the answer
-    comes back through a pipe. Bounded: a child that hangs is killed and the
-    test fails. The child never returns into pytest."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r)
-            try:
-                answer = body()
-                code = 0
-            except BaseException as err:  # reported, not raised into pytest's copy
-                import traceback
-                answer = {"error": "".join(traceback.format_exception(err))}
-            os.write(w, json.dumps(answer).encode())
-        finally:
-            os._exit(code)
-    os.close(w)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                pytest.fail("the forked child hung (deadlock?)")
-            time.sleep(0.01)
-        with os.fdopen(r, "rb") as f:
-            answer = json.loads(f.read().decode() or "{}")
-    finally:
-        try:
-            os.close(r)
-        except OSError:
-            pass
-    assert "error" not in answer, answer["error"]
-    assert os.waitstatus_to_exitcode(status) == 0, answer
-    return answer
 
 
 # -- start/stop cycles -------------------------------------------------------------
@@ -531,7 +487,7 @@ def test_fork_while_sampling_the_child_starts_clean_and_can_monitor():
                           restart_old=m.start().running and m.stop(timeout=20))
             return result
 
-        answer = in_forked_child(child)
+        answer = in_forked_child(child, timeout=DEADLINE_S)
         figure("fork while sampling", child_threads=len(answer["threads"]), child_running=answer["running"],
                child_samples=answer["samples"], inherited_proc_fds=len(answer["inherited_proc_fds"]))
         assert answer["threads"] == [] and answer["running"] is False
@@ -627,7 +583,7 @@ def test_nvml_is_initialised_again_in_a_child_forked_while_sampling(fake_gpu):
                     "devices": nvml.device_count(), "monitor_gpus": gpus, "clean": clean,
                     "util": util}
 
-        answer = in_forked_child(child)
+        answer = in_forked_child(child, timeout=DEADLINE_S)
         figure("nvml in a forked child", init_pid_is_child=answer["init_pid"] == answer["pid"],
                devices=answer["devices"])
         assert answer["before"] is None  # reset at fork: the parent's NVML state is not the child's
