@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nbmon.frames import build_frame, frame_bytes  # noqa: E402
+from nbmon.notebook.frames import build_frame, frame_bytes  # noqa: E402
 from nbmon.store import DEFAULT_MAX_BYTES, Store  # noqa: E402
 
 TRACES = ["proc_cpu_percent", "sys_cpu_percent", "proc_rss_mb", "sys_mem_used_mb"]
@@ -94,7 +94,7 @@ def bench_frames(builds: int) -> None:
 def bench_refresh(builds: int) -> None:
     from comm.base_comm import BaseComm
 
-    from nbmon.live import Dashboard
+    from nbmon.notebook.dashboard import Dashboard
     from nbmon.monitor import Monitor
 
     class CountingComm(BaseComm):

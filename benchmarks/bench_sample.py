@@ -24,10 +24,10 @@ import psutil
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from nbmon.monitor import Monitor  # noqa: E402
-from nbmon.proctree import ProcessTree  # noqa: E402
+from nbmon.sources.proctree import ProcessTree  # noqa: E402
 from nbmon.sampler import Sampler  # noqa: E402
 from nbmon.store import Store  # noqa: E402
-from nbmon.system import System  # noqa: E402
+from nbmon.sources.machine import System  # noqa: E402
 
 SLEEPER = "import time\nwhile True: time.sleep(1)"
 

@@ -27,11 +27,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from nbmon.monitor import Monitor  # noqa: E402
-from nbmon.proctree import ProcessTree  # noqa: E402
+from nbmon.sources.proctree import ProcessTree  # noqa: E402
 from nbmon.sampler import Sampler  # noqa: E402
 from nbmon.store import Store  # noqa: E402
 from nbmon.summary import summarize  # noqa: E402
-from nbmon.system import System  # noqa: E402
+from nbmon.sources.machine import System  # noqa: E402
 
 MIB = 1024 * 1024
 SLEEPER = "import time\nwhile True: time.sleep(1)"
@@ -399,7 +399,7 @@ def startup_figures(rounds: int) -> dict:
     resmon = []
     code = ("import time\nfrom IPython.core.interactiveshell import InteractiveShell\n"
             "ip = InteractiveShell.instance()\n"
-            "ip.run_line_magic('load_ext', 'nbmon')\nimport nbmon.session as s\n"
+            "ip.run_line_magic('load_ext', 'nbmon')\nimport nbmon.notebook.session as s\n"
             "t0 = time.perf_counter()\nimport io, contextlib\n"
             "with contextlib.redirect_stdout(io.StringIO()): ip.run_line_magic('resmon', '')\n"
             "t1 = time.perf_counter()\nwhile s.SESSION.monitor.store.seq == 0: time.sleep(0.001)\n"

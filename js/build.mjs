@@ -1,4 +1,4 @@
-// Builds nbmon/static/meter.js: meter.js with format.js inlined, one ESM file
+// Builds nbmon/notebook/static/meter.js: meter.js with format.js inlined, one ESM file
 // with no imports, so anywidget can load it from a string and pip installs need
 // no node. Plain node, no dependencies.
 //
@@ -15,7 +15,7 @@ export const SOURCES = {
   format: join(JS_DIR, "format.js"),
   meter: join(JS_DIR, "meter.js"),
 };
-export const DEFAULT_OUT = resolve(JS_DIR, "..", "nbmon", "static", "meter.js");
+export const DEFAULT_OUT = resolve(JS_DIR, "..", "nbmon", "notebook", "static", "meter.js");
 
 const FORMAT_IMPORT = /^import\s*\{([^}]*)\}\s*from\s*["']\.\/format\.js["'];?[ \t]*\n/m;
 

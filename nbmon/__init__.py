@@ -12,22 +12,28 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Monitor": "monitor",
-    "ResourceMonitor": "resources",
+    "Options": "options",
+    "Consumer": "consumers",
+    "SampleForwarder": "consumers",
+    "Metric": "catalog",
+    "METRICS": "catalog",
+    "ResourceMonitor": "compat.calibrax",
     "ResourceSample": "summary",
     "ResourceSummary": "summary",
-    "GPUProfilerProtocol": "resources",
-    "SystemMonitor": "system_monitor",
-    "AbstractBackendSender": "system_monitor",
-    "GPUHandle": "system_monitor",
-    "SamplerDict": "system_monitor",
-    "StatsDict": "system_monitor",
+    "GPUProfilerProtocol": "compat.calibrax",
+    "SystemMonitor": "compat.scaffold",
+    "AbstractBackendSender": "compat.scaffold",
+    "GPUHandle": "compat.scaffold",
+    "SamplerDict": "compat.scaffold",
+    "StatsDict": "compat.scaffold",
     "CSVSender": "senders",
     "JSONLinesSender": "senders",
     "CallbackSender": "senders",
-    "NVMLProfiler": "nvml",
-    "history": "session",
-    "samples": "session",
-    "last_summary": "session",
+    "NVMLProfiler": "sources.nvml",
+    "monitor": "notebook.session",
+    "history": "notebook.session",
+    "samples": "notebook.session",
+    "last_summary": "notebook.session",
 }
 
 __all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]
@@ -48,13 +54,13 @@ def __dir__():
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext nbmon``: registers ``%resmon`` / ``%%resmon``."""
-    from .magics import load
+    from .notebook.magics import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
     """``%unload_ext nbmon``: stops monitoring and removes the hooks."""
-    from .magics import unload
+    from .notebook.magics import unload
 
     unload(ipython)

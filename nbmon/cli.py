@@ -20,12 +20,38 @@ import sys
 import time
 import warnings
 
-from .monitor import Monitor, check_interval
-from .senders import CSVSender, ForwardSamples, JSONLinesSender
+from .monitor import Monitor
+from .options import DEFAULT_INTERVAL_S, Options, check_interval
+from .senders import CSVSender, JSONLinesSender
 from .summary import ResourceSummary
 
-
 VERBS = ("run", "demo")
+# Files written while the command runs: --flag -> the sender streaming every sample there.
+STREAMS = {
+    "csv": (CSVSender, "stream every sample to this CSV file as it is taken"),
+    "jsonl": (JSONLinesSender, "stream every sample to this JSON Lines file"),
+}
+
+
+def _write_summary_json(path, monitor, summary, argv, force) -> None:
+    # "x" unless --force: a file that appeared while the command ran is not ours to replace.
+    with open(path, "w" if force else "x", encoding="utf-8") as f:
+        json.dump(summary.to_dict(), f, indent=2)
+        f.write("\n")
+
+
+def _write_html(path, monitor, summary, argv, force) -> None:
+    from .notebook.dashboard import write_html
+
+    write_html(monitor, path, title=" ".join(argv), overwrite=force)
+
+
+# Files written once the command has ended: --flag -> (writer, help).
+REPORTS = {
+    "summary_json": (_write_summary_json, "write ResourceSummary.to_dict() here"),
+    "html": (_write_html, "write a self-contained, offline HTML timeline here"),
+}
+OUTPUTS = (*STREAMS, *REPORTS)
 
 
 class UsageError(Exception):
@@ -37,22 +63,25 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="nbmon", description="CPU, memory and GPU of a command's whole process tree.")
     sub = p.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run CMD under the monitor", usage="nbmon run [options] -- CMD [ARGS...]")
-    run.add_argument("--interval", default="0.1", metavar="S", help="seconds between samples (default 0.1)")
-    run.add_argument("--csv", metavar="PATH", help="stream every sample to this CSV file as it is taken")
-    run.add_argument("--jsonl", metavar="PATH", help="stream every sample to this JSON Lines file")
-    run.add_argument("--summary-json", metavar="PATH", help="write ResourceSummary.to_dict() here")
-    run.add_argument("--html", metavar="PATH", help="write a self-contained, offline HTML timeline here")
+    run.add_argument("--interval", default=str(DEFAULT_INTERVAL_S), metavar="S",
+                     help=f"seconds between samples (default {DEFAULT_INTERVAL_S:g})")
+    for name, (_, text) in {**STREAMS, **REPORTS}.items():
+        run.add_argument(_flag(name), metavar="PATH", help=text)
     run.add_argument("--force", action="store_true", help="replace output files that already exist")
     run.add_argument("--no-gpu", action="store_true", help="do not read NVIDIA GPUs")
     run.add_argument("--no-children", action="store_true", help="only the command's own process")
     run.add_argument("--quiet", action="store_true", help="do not print the summary")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
     demo = sub.add_parser("demo", help="run a short built-in workload under the monitor")
-    demo.add_argument("--interval", default="0.1", metavar="S")
+    demo.add_argument("--interval", default=str(DEFAULT_INTERVAL_S), metavar="S")
     demo.add_argument("--html", metavar="PATH")
     demo.add_argument("--force", action="store_true")
     return p
@@ -89,13 +118,15 @@ def _open_sender(cls, path: str | None, force: bool):
         raise UsageError(f"cannot write {path!r}: {err.strerror or err}") from None
 
 
-def run(argv: list[str], *, interval, csv=None, jsonl=None, summary_json=None, html=None,
-        force=False, gpu=True, children=True, quiet=False) -> int:
-    outputs = [os.path.abspath(p) for p in (csv, jsonl, summary_json, html) if p is not None]
-    if len(set(outputs)) < len(outputs):  # two writers would interleave in one file
-        raise UsageError("each output needs its own file: "
-                         f"{', '.join(repr(p) for p in (csv, jsonl, summary_json, html) if p)}")
-    for path in (csv, jsonl, summary_json, html):
+def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None, *,
+        force: bool = False, quiet: bool = False) -> int:
+    """Run ``argv`` under a monitor; ``outputs`` maps names of STREAMS and
+    REPORTS to paths. Returns the exit code nbmon exits with."""
+    outputs = {k: v for k, v in (outputs or {}).items() if v is not None}
+    paths = [os.path.abspath(p) for p in outputs.values()]
+    if len(set(paths)) < len(paths):  # two writers would interleave in one file
+        raise UsageError(f"each output needs its own file: {', '.join(map(repr, outputs.values()))}")
+    for path in outputs.values():
         _check_output(path, force)
     if not argv:
         raise UsageError("missing command: nbmon run [options] -- CMD [ARGS...]")
@@ -107,20 +138,27 @@ def run(argv: list[str], *, interval, csv=None, jsonl=None, summary_json=None, h
     if os.sep in argv[0] and (os.path.isdir(argv[0]) or not os.access(argv[0], os.X_OK)):
         print(f"nbmon: cannot run {argv[0]}: {os.strerror(errno.EACCES)}", file=sys.stderr)
         return 126
-    created = [p for p in (csv, jsonl) if p is not None and not os.path.exists(p)]
-    senders = [s for s in (_open_sender(CSVSender, csv, force),
-                           _open_sender(JSONLinesSender, jsonl, force)) if s is not None]
-    consumers = [ForwardSamples(s, every_s=min(1.0, max(interval, 0.2))) for s in senders]
+    streams = {name: path for name, path in outputs.items() if name in STREAMS}
+    created = [p for p in streams.values() if not os.path.exists(p)]
+    senders = []
     try:
+        for name, path in streams.items():
+            senders.append(_open_sender(STREAMS[name][0], path, force))
         child = subprocess.Popen(argv)
-    except OSError as err:  # found but cannot run: not a binary, a missing interpreter, ...
-        for s in senders:
-            s.close()
+    except (OSError, UsageError) as err:  # an output, or the command: not a binary, ...
+        for sender in senders:
+            sender.close()
         for path in created:  # the command never ran: leave no empty output files behind
-            os.unlink(path)
+            if os.path.exists(path):
+                os.unlink(path)
+        if isinstance(err, UsageError):
+            raise
         print(f"nbmon: cannot run {argv[0]}: {err.strerror}", file=sys.stderr)
         return 126
-    monitor = Monitor(child.pid, interval, gpu=gpu, children=children, consumers=consumers)
+    every_s = min(1.0, max(options.interval, 0.2))
+    monitor = Monitor(child.pid, options)
+    for sender in senders:
+        monitor.attach(sender, every_s)
     # Like a shell waiting for its job: Ctrl-C goes to the command (same
     # process group), nbmon stays to report; SIGTERM is passed on.
     old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -135,25 +173,20 @@ def run(argv: list[str], *, interval, csv=None, jsonl=None, summary_json=None, h
     finally:
         with warnings.catch_warnings():  # faults are listed below, once
             warnings.simplefilter("ignore", RuntimeWarning)
-            monitor.stop(timeout=max(1.0, interval + 0.1))
+            monitor.stop(timeout=max(1.0, options.interval + 0.1))
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     summary = monitor.summary()
-    if children:  # the kernel's account includes the command's reaped descendants
+    if options.children:  # the kernel's account includes the command's reaped descendants
         summary = _with_exit_usage(summary, usage, time.monotonic() - started)
-    try:
-        if summary_json:
-            # "x" unless --force: a file that appeared while the command ran is not ours to replace.
-            with open(summary_json, "w" if force else "x", encoding="utf-8") as f:
-                json.dump(summary.to_dict(), f, indent=2)
-                f.write("\n")
-        if html:
-            from .live import write_html
-
-            write_html(monitor, html, title=" ".join(argv), overwrite=force)
-    except FileExistsError as err:
-        print(f"nbmon: error: {err.filename} appeared while the command ran; not replaced "
-              f"(add --force to replace it)", file=sys.stderr)
+    for name, path in outputs.items():
+        if name not in REPORTS:
+            continue
+        try:
+            REPORTS[name][0](path, monitor, summary, argv, force)
+        except FileExistsError as err:
+            print(f"nbmon: error: {err.filename} appeared while the command ran; not replaced "
+                  f"(add --force to replace it)", file=sys.stderr)
     if not quiet:
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
         print(f"\nnbmon: {' '.join(argv)} {how}\n{summary}", file=sys.stderr)
@@ -188,11 +221,12 @@ def main(argv: list[str] | None = None) -> int:
         ns = _parser().parse_args(args)
         interval = _interval(ns.interval)
         if ns.verb == "demo":
-            return run([sys.executable, "-m", "nbmon.demo"], interval=interval, html=ns.html, force=ns.force)
+            return run([sys.executable, "-m", "nbmon.demo"], Options(interval=interval),
+                       {"html": ns.html}, force=ns.force)
         command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-        return run(command, interval=interval, csv=ns.csv, jsonl=ns.jsonl, summary_json=ns.summary_json,
-                   html=ns.html, force=ns.force, gpu=not ns.no_gpu, children=not ns.no_children,
-                   quiet=ns.quiet)
+        options = Options(interval=interval, gpu=not ns.no_gpu, children=not ns.no_children)
+        return run(command, options, {name: getattr(ns, name) for name in OUTPUTS},
+                   force=ns.force, quiet=ns.quiet)
     except UsageError as err:
         print(f"nbmon: error: {err}", file=sys.stderr)
         return 2

@@ -1,60 +1,12 @@
-"""Formatting for humans: numbers with units, a static HTML table and an SVG
-timeline. The only place nbmon turns floats into text; everything here is
-pure and dependency-free so saved notebooks and HTML exports show it as is.
+"""Static HTML for humans: a summary table and an SVG timeline. Pure and
+dependency-free, so saved notebooks and HTML exports show it as is; numbers
+become text through :mod:`nbmon.format` only.
 """
 from __future__ import annotations
 
 import html
-import math
 
-
-def _unknown(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
-
-def fmt_mib(mib) -> str:
-    """512.0 -> '512 MiB', 1536.0 -> '1.50 GiB'."""
-    if _unknown(mib):
-        return "–"
-    sign = "-" if mib < 0 else ""
-    mib = abs(mib)
-    if mib >= 1024 * 1024:
-        return f"{sign}{mib / 1024 / 1024:.2f} TiB"
-    if mib >= 1024:
-        return f"{sign}{mib / 1024:.2f} GiB"
-    if mib >= 100:
-        return f"{sign}{mib:.0f} MiB"
-    return f"{sign}{mib:.1f} MiB"
-
-
-def fmt_signed_mib(mib) -> str:
-    text = fmt_mib(mib)
-    return text if _unknown(mib) or mib < 0 else "+" + text
-
-
-def fmt_percent(p) -> str:
-    return "–" if _unknown(p) else f"{p:.1f} %"
-
-
-def fmt_seconds(s) -> str:
-    """0.25 -> '250 ms', 12.34 -> '12.3 s', 75 -> '1 min 15 s', 3725 -> '1 h 2 min'."""
-    if _unknown(s):
-        return "–"
-    if s < 1:
-        return f"{s * 1000:.0f} ms"
-    if s < 60:
-        return f"{s:.1f} s"
-    minutes, sec = divmod(int(round(s)), 60)
-    if minutes < 60:
-        return f"{minutes} min {sec} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min"
-
-
-def fmt_plain(x, unit: str = "") -> str:
-    if _unknown(x):
-        return "–"
-    return f"{x:.0f}{unit}" if abs(x) >= 100 else f"{x:.1f}{unit}"
+from .format import fmt_plain, fmt_seconds, is_unknown
 
 
 def html_table(title: str, rows: list[tuple[str, str]], *, status: str = "ok", extra: str = "") -> str:
@@ -90,14 +42,14 @@ def svg_timeline(t, series: dict, *, width: int = 360, height: int = 70, max_poi
     pad, plot_h = 2, height - 18
     lines, legend = [], []
     for k, (label, (values, unit)) in enumerate(series.items()):
-        finite = [float(v) for v in values if not _unknown(float(v))]
+        finite = [float(v) for v in values if not is_unknown(float(v))]
         if not finite:
             continue
         top = max(finite) or 1.0
         color = _COLORS[k % len(_COLORS)]
         pts = []
         for i in range(0, n, step):
-            chunk = [float(v) for v in values[i:i + step] if not _unknown(float(v))]
+            chunk = [float(v) for v in values[i:i + step] if not is_unknown(float(v))]
             if not chunk:
                 continue
             x = pad + (float(t[i]) - t0) / span * (width - 2 * pad)

@@ -1,42 +1,32 @@
 """The sampling thread: reads every source on a drift-free schedule.
 
-A :class:`Sampler` runs once: ``start()`` primes the sources in the calling
-thread (so a bad pid raises there), then one daemon thread named
-``nbmon-sampler`` calls each source's ``sample(now)`` every ``interval``
-seconds and hands the row to ``sink(t_mono, t_wall, row)``. Sources take the
-pid they watch and return plain floats, so nothing here assumes that the
-sampler lives in the monitored process.
+A :class:`Sampler` runs once: ``prime()`` opens the sources in the calling
+thread (so a bad pid raises there), ``launch()`` starts one daemon thread
+named ``nbmon-sampler`` that calls each source's ``sample(now)`` every
+``interval`` seconds and hands the row (in the order of :attr:`fields`) to
+``sink(t_mono, t_wall, row)``. Sources take the pid they watch and return
+``{field: float}``, so nothing here assumes that the sampler lives in the
+monitored process.
 
-Faults never kill the thread: a source that raises, or returns the wrong
-number of values, or values that are not non-negative numbers, gives NaN for
+Faults never kill the thread: a source that raises, leaves out one of its
+fields, or gives values that are not non-negative numbers, gives NaN for
 its fields and is counted in :attr:`faults`; the other sources go on.
 Nothing is printed from the thread: callers read :attr:`faults`.
 """
 from __future__ import annotations
 
 import math
+import operator
 import threading
 import time
 from typing import Callable, Sequence
 
 import numpy as np
 
+from .faults import FaultLog, source_name
+
 NAN = math.nan
-
-
-class Fault:
-    """How often one source failed, and its first error in words."""
-
-    __slots__ = ("source", "count", "first_error", "reported")
-
-    def __init__(self, source: str, first_error: str):
-        self.source = source
-        self.count = 0
-        self.first_error = first_error
-        self.reported = False
-
-    def __repr__(self) -> str:
-        return f"Fault({self.source!r}, count={self.count}, first_error={self.first_error!r})"
+STOP_GRACE_S = 0.1  # stop() waits one interval plus this for the thread to end
 
 
 class Sampler:
@@ -61,7 +51,7 @@ class Sampler:
         self.name = name
         self.until = until  # checked at each sample: True ends the run (the watched pid exited)
         self.on_finish: Callable[[], None] | None = None  # called by the thread as it ends
-        self.faults: dict[str, Fault] = {}
+        self.faults = FaultLog()
         self.t_start = NAN
         self.fields: tuple[str, ...] = ()
         self._stop = event()
@@ -71,7 +61,7 @@ class Sampler:
         # Serialises the thread's samples with sample_now(): sources are not thread-safe.
         self._step_lock = threading.RLock()
         self._thread: threading.Thread | None = None
-        self._slices: list[tuple[object, slice]] = []
+        self._slices: list[tuple[object, slice, Callable]] = []
 
     @property
     def running(self) -> bool:
@@ -91,15 +81,11 @@ class Sampler:
             raise
         fields, at = [], 0
         for source in self.sources:
-            width = len(source.fields)
-            self._slices.append((source, slice(at, at + width)))
-            fields.extend(source.fields)
-            at += width
+            names = tuple(source.fields)
+            self._slices.append((source, slice(at, at + len(names)), _values_of(names)))
+            fields.extend(names)
+            at += len(names)
         self.fields = tuple(fields)
-
-    def start(self) -> None:
-        self.prime()
-        self.launch()
 
     def launch(self) -> None:
         """Start the thread on primed sources."""
@@ -123,7 +109,7 @@ class Sampler:
         thread = self._thread
         if thread is None:
             return True
-        thread.join(self.interval + 0.1 if timeout is None else timeout)
+        thread.join(self.interval + STOP_GRACE_S if timeout is None else timeout)
         if thread.is_alive():
             with self._sink_lock:  # a final sample still being read is not stored
                 self._abandoned = True
@@ -153,7 +139,7 @@ class Sampler:
                     boundary()
             self.step(self.clock())  # re-entrant: the lock is an RLock
         except Exception as err:  # a failing sink is counted, as in the thread
-            self._fault(self.sink, err)
+            self.faults.record(self.sink, err)
             return False
         finally:
             self._step_lock.release()
@@ -169,7 +155,7 @@ class Sampler:
                     if boundary is not None:
                         boundary()
                 except Exception as err:
-                    self._fault(source, err)
+                    self.faults.record(source, err)
             now = self.clock()
             row = self.read(now)
             with self._sink_lock:
@@ -178,18 +164,15 @@ class Sampler:
                 try:
                     self.sink(now, self.wall(), row)
                 except Exception as err:
-                    self._fault(self.sink, err)
+                    self.faults.record(self.sink, err)
 
     def read(self, now: float) -> np.ndarray:
         values: list = []
-        for source, cols in self._slices:
+        for source, cols, values_of in self._slices:
             try:
-                got = source.sample(now)
-                if len(got) != cols.stop - cols.start:
-                    raise ValueError(f"returned {len(got)} values for {cols.stop - cols.start} fields")
-                values.extend(got)
+                values.extend(values_of(source.sample(now)))
             except Exception as err:  # a source must never take the thread down
-                self._fault(source, err)
+                self.faults.record(source, err)
                 values.extend([NAN] * (cols.stop - cols.start))
         try:
             row = np.array(values)
@@ -206,7 +189,7 @@ class Sampler:
 
     def _coerce(self, values: list) -> np.ndarray:
         row = np.empty(len(values))
-        for source, cols in self._slices:
+        for source, cols, _ in self._slices:
             for i in range(cols.start, cols.stop):
                 try:
                     if isinstance(values[i], (str, bytes)):  # float() would parse "12"
@@ -214,25 +197,18 @@ class Sampler:
                     row[i] = float(values[i])
                 except (TypeError, ValueError):
                     row[i] = NAN
-                    self._fault(source, TypeError(f"{source_name(source)} gave {values[i]!r} "
+                    self.faults.record(source, TypeError(f"{source_name(source)} gave {values[i]!r} "
                                                   f"for {self.fields[i]}"))
         return row
 
     def _reject_negative(self, row: np.ndarray) -> None:
-        for source, cols in self._slices:
+        for source, cols, _ in self._slices:
             part = row[cols]
             bad = part < 0
             if bad.any():
                 field = self.fields[cols.start + int(np.argmax(bad))]
-                self._fault(source, ValueError(f"negative value for {field}"))
+                self.faults.record(source, ValueError(f"negative value for {field}"))
                 part[bad] = NAN
-
-    def _fault(self, source, err: BaseException) -> None:
-        name = source_name(source)
-        fault = self.faults.get(name)
-        if fault is None:
-            fault = self.faults[name] = Fault(name, f"{type(err).__name__}: {err}")
-        fault.count += 1
 
     def _run(self, stop) -> None:
         interval, clock, t_start = self.interval, self.clock, self.t_start
@@ -250,7 +226,7 @@ class Sampler:
                     try:
                         self.step(now)
                     except Exception as err:  # a failing sink must not end sampling either
-                        self._fault(self.sink, err)
+                        self.faults.record(self.sink, err)
                 if self.until is not None and self.until():
                     stop.set()
                     break
@@ -272,8 +248,21 @@ class Sampler:
             try:
                 source.close()
             except Exception as err:
-                self._fault(source, err)
+                self.faults.record(source, err)
 
 
-def source_name(source) -> str:
-    return getattr(source, "name", None) or type(source).__name__
+def _values_of(names: tuple[str, ...]) -> Callable:
+    """A function from a source's {field: value} to its values in ``names``
+    order; a field left out raises ValueError naming it."""
+    if not names:
+        return lambda got: ()
+    pick = operator.itemgetter(*names)
+    one = len(names) == 1
+
+    def values_of(got):
+        try:
+            picked = pick(got)
+        except KeyError as err:
+            raise ValueError(f"gave no value for {err.args[0]!r}") from None
+        return (picked,) if one else picked
+    return values_of

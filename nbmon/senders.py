@@ -1,7 +1,9 @@
-"""Where samples go besides the store: CSV, JSON Lines, a callback.
+"""Senders: CSV, JSON Lines, a callback -- where events (one dict per sample,
+or scaffold's published stats) go.
 
 A sender has ``publish(event, **kwargs)`` (the scaffold seed's interface)
-and may have ``publish_many(events)``, ``flush()`` and ``close()``. File
+and may have ``publish_many(events)``, ``flush()`` and ``close()``; a
+monitor feeds it through :class:`nbmon.consumers.SampleForwarder`. File
 senders write whole lines only: every batch goes to the file in one
 ``write``, and a write the disk cuts short is truncated back to the last
 whole line before the error is raised, so a reader never sees half a line,
@@ -10,22 +12,10 @@ not even after the process is killed.
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Callable, Mapping, Sequence
 
-
-class Consumer:
-    """Called by the monitor's sender thread every ``every_s`` seconds and
-    once more, with ``final=True``, when the monitor stops."""
-
-    every_s = 1.0
-
-    def tick(self, store, final: bool) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
+from .values import known
 
 
 class _LineFile:
@@ -60,13 +50,6 @@ class _LineFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-def _number(v) -> float | None:
-    if v is None:
-        return None
-    v = float(v)
-    return None if math.isnan(v) or math.isinf(v) else v
 
 
 class _FileSender:
@@ -133,7 +116,7 @@ def _csv_cell(text: str) -> str:
 def _csv_value(v) -> str:
     if isinstance(v, str):
         return _csv_cell(v)
-    n = _number(v)
+    n = known(v)
     return "" if n is None else repr(n)
 
 
@@ -144,7 +127,7 @@ class JSONLinesSender(_FileSender):
         super().__init__(path, overwrite)
 
     def _lines(self, events: Sequence[Mapping]) -> list[str]:
-        return [json.dumps({k: v if isinstance(v, str) else _number(v) for k, v in e.items()},
+        return [json.dumps({k: v if isinstance(v, str) else known(v) for k, v in e.items()},
                            allow_nan=False) for e in events]
 
 
@@ -158,59 +141,3 @@ class CallbackSender:
 
     def publish(self, event: Mapping, **kwargs) -> None:
         self.callback(dict(event))
-
-
-def publish_all(sender, events: Sequence[Mapping]) -> None:
-    many = getattr(sender, "publish_many", None)
-    if many is not None:
-        many(events)
-    else:
-        for event in events:
-            sender.publish(event)
-
-
-class ForwardSamples(Consumer):
-    """Sends every sample of the store to ``sender`` as one event each:
-    ``{"time": epoch s, "elapsed_s": s since start, <column>: value, ...}``.
-
-    ``lost`` counts samples the store had decimated before they could be
-    sent (only possible when a sender blocks for hours)."""
-
-    def __init__(self, sender, every_s: float = 1.0, t_start: float | None = None):
-        self.sender = sender
-        self.every_s = every_s
-        self.cursor = 0
-        self.lost = 0
-        self.sent = 0
-        self.t_start = t_start
-        self._store = None
-
-    def tick(self, store, final: bool) -> None:
-        if store is not self._store:
-            # A new run (the monitor restarted): its store counts from 0 again;
-            # the last run's cursor would skip its first samples.
-            if self._store is not None:
-                self.cursor, self.t_start = 0, None
-            self._store = store
-        t, wall, rows, next_seq, lost = store.rows_since(self.cursor)
-        self.lost += lost
-        if len(t) == 0:
-            self.cursor = next_seq
-            return
-        if self.t_start is None:
-            self.t_start = float(t[0])
-        columns = store.columns
-        events = [{"time": w, "elapsed_s": ti - self.t_start, **dict(zip(columns, row))}
-                  for ti, w, row in zip(t.tolist(), wall.tolist(), rows.T.tolist())]
-        publish_all(self.sender, events)
-        # Advance only after a successful publish, so a failed write is retried;
-        # and not if a later run's tick took over while this publish was stuck.
-        if self._store is store:
-            self.cursor = next_seq
-        self.sent += len(events)
-
-    def close(self) -> None:
-        close = getattr(self.sender, "close", None)
-        if close is not None:
-            close()
-

@@ -21,10 +21,11 @@ from typing import Sequence
 
 import numpy as np
 
+from .options import DEFAULT_MAX_BYTES
+
 NAN = math.nan
 BUCKET = 16        # samples per min/max pair in the coarse tier
 FOLD_EVERY = 64    # samples between folds into the running aggregates
-DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 
 
 class Stats:
@@ -106,10 +107,13 @@ class Stats:
         return np.where(self.wtime > 0, weighted, np.where(self.n > 0, plain, NAN))
 
     def value(self, stat: str, column: str) -> float:
-        """One statistic ('max', 'min', 'mean', 'first', 'last') of one column; NaN if unknown."""
+        """One statistic ('max', 'min', 'mean', 'first', 'last', 'delta' =
+        last - first) of one column; NaN if unknown."""
         if column not in self.columns:
             return NAN
         j = self.columns.index(column)
+        if stat == "delta":
+            return float(self.last[j] - self.first[j])
         arr = self.mean() if stat == "mean" else getattr(self, stat)
         return float(arr[j])
 
@@ -138,8 +142,9 @@ class Window:
 class Store:
     """Thread-safe bounded store of samples of the given columns."""
 
-    def __init__(self, columns: Sequence[str], max_bytes: int = DEFAULT_MAX_BYTES):
+    def __init__(self, columns: Sequence[str], max_bytes: int = DEFAULT_MAX_BYTES, t_start: float = NAN):
         self.columns = tuple(columns)
+        self.t_start = t_start  # the run's start (monotonic s); the first sample's time if not given
         if len(set(self.columns)) != len(self.columns):
             # Name them: an extra source that reuses a built-in field lands here from Monitor.start().
             dups = sorted({c for c in self.columns if self.columns.count(c) > 1})
@@ -176,6 +181,8 @@ class Store:
     # -- writing ---------------------------------------------------------
     def append(self, t: float, wall: float, row) -> None:
         with self._lock:
+            if self.t_start != self.t_start:
+                self.t_start = t
             if self._n == self.capacity:
                 self._fold_pending()
                 self._evict_half()

@@ -7,13 +7,12 @@ a ``to_dict``/``from_dict`` round trip.
 from __future__ import annotations
 
 import dataclasses
-import math
 import reprlib
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from .render import fmt_mib, fmt_percent, fmt_seconds, fmt_signed_mib, fmt_plain, html_table
+from .format import fmt_mib, fmt_percent, fmt_plain, fmt_seconds, fmt_signed_mib
+from .values import known
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,6 +126,8 @@ class ResourceSummary:
         p.text("ResourceSummary\n" + str(self))
 
     def _repr_html_(self) -> str:
+        from .render import html_table
+
         return html_table("Resource summary", self.rows())
 
 
@@ -164,42 +165,39 @@ def _checked(name: str, value):
     return float(value)
 
 
-def _known(x: float) -> float | None:
-    return None if x is None or math.isnan(x) else float(x)
+# ResourceSummary field <- (statistic, column) of a store window.
+FROM_WINDOW = {
+    "mean_rss_mb": ("mean", "proc_rss_mb"),
+    "peak_gpu_mem_mb": ("max", "gpu_mem_used_mb"),
+    "mean_gpu_util": ("mean", "gpu_util_percent"),
+    "mean_gpu_clock_mhz": ("mean", "gpu_sm_clock_mhz"),
+    "mean_gpu_power_w": ("mean", "gpu_power_w"),
+    "mean_cpu_percent": ("mean", "proc_cpu_percent"),
+    "peak_cpu_percent": ("max", "proc_cpu_percent"),
+    "peak_proc_gpu_mem_mb": ("max", "gpu_proc_mem_mb"),
+}
 
 
-def summarize(stats, *, peak_exact: bool | None = None, wall_now=time.time) -> ResourceSummary:
+def summarize(stats, *, peak_exact: bool | None = None) -> ResourceSummary:
     """ResourceSummary of a store window's :class:`~nbmon.store.Stats`."""
     if stats.count == 0:
         return ResourceSummary.zeroed()
-    mean = dict(zip(stats.columns, stats.mean().tolist()))
-    peak = dict(zip(stats.columns, stats.max.tolist()))
-
-    def col(d, name):
-        return _known(d.get(name, math.nan))
-
-    rss_peak = col(peak, "proc_rss_peak_mb")
+    figures = {field: known(stats.value(stat, column)) for field, (stat, column) in FROM_WINDOW.items()}
+    rss_peak = known(stats.value("max", "proc_rss_peak_mb"))
     if rss_peak is None:
-        rss_peak = col(peak, "proc_rss_mb")
+        rss_peak = known(stats.value("max", "proc_rss_mb"))
     growth = stats.value("last", "proc_rss_mb") - stats.value("first", "proc_rss_mb")
-    mean_cpu = col(mean, "proc_cpu_percent")
     duration = stats.duration
+    mean_cpu = figures["mean_cpu_percent"]
     start = stats.wall_first - (stats.t_first - stats.t_open) if stats.t_open == stats.t_open else stats.wall_first
     return ResourceSummary(
         peak_rss_mb=rss_peak or 0.0,
-        mean_rss_mb=col(mean, "proc_rss_mb") or 0.0,
-        peak_gpu_mem_mb=col(peak, "gpu_mem_used_mb"),
-        mean_gpu_util=col(mean, "gpu_util_percent"),
-        memory_growth_mb=_known(growth) or 0.0,
+        memory_growth_mb=known(growth) or 0.0,
         num_samples=int(stats.count),
         duration_sec=float(duration),
-        mean_gpu_clock_mhz=col(mean, "gpu_sm_clock_mhz"),
-        mean_gpu_power_w=col(mean, "gpu_power_w"),
-        mean_cpu_percent=mean_cpu,
-        peak_cpu_percent=col(peak, "proc_cpu_percent"),
         cpu_time_sec=None if mean_cpu is None else mean_cpu / 100.0 * duration,
         peak_rss_exact=peak_exact if "proc_rss_mb" in stats.columns else None,
-        peak_proc_gpu_mem_mb=col(peak, "gpu_proc_mem_mb"),
-        start_time=_known(start),
-        end_time=_known(stats.wall_last),
+        start_time=known(start),
+        end_time=known(stats.wall_last),
+        **{**figures, "mean_rss_mb": figures["mean_rss_mb"] or 0.0},
     )

@@ -22,14 +22,14 @@ def main() -> int:
 
     import torch
 
-    import nbmon.nvml
+    import nbmon.sources.nvml
     from nbmon.monitor import Monitor
 
-    if not torch.cuda.is_available() or not nbmon.nvml.init():
+    if not torch.cuda.is_available() or not nbmon.sources.nvml.init():
         print(f"no usable GPU: torch.cuda.is_available()={torch.cuda.is_available()}, "
-              f"NVML: {nbmon.nvml.status()}")
+              f"NVML: {nbmon.sources.nvml.status()}")
         return 1
-    print(f"GPU: {torch.cuda.get_device_name(0)}, NVML devices: {nbmon.nvml.device_count()}")
+    print(f"GPU: {torch.cuda.get_device_name(0)}, NVML devices: {nbmon.sources.nvml.device_count()}")
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

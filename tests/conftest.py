@@ -42,14 +42,14 @@ def fake_nvml_lib(tmp_path_factory) -> str:
 def fake_gpu(fake_nvml_lib, tmp_path, monkeypatch):
     """A FakeNVML (no devices until the test calls .set) that nbmon's NVML
     source loads through ``NBMON_NVML_LIBRARY``; NVML state is reset after."""
-    import nbmon.nvml
+    import nbmon.sources.nvml
 
-    nbmon.nvml.shutdown()
+    nbmon.sources.nvml.shutdown()
     fake = FakeNVML(tmp_path / "nvml.conf")
     monkeypatch.setenv(CONFIG_ENV, str(fake.path))
     monkeypatch.setenv("NBMON_NVML_LIBRARY", fake_nvml_lib)
     yield fake
-    nbmon.nvml.shutdown()
+    nbmon.sources.nvml.shutdown()
     unload_from_pynvml()
 
 

@@ -28,14 +28,14 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import nbmon
-import nbmon.magics
+import nbmon.notebook.magics
 import nbmon.monitor
-import nbmon.nvml
+import nbmon.sources.nvml
 from helpers import gone_pid
 from nbmon import AbstractBackendSender, Monitor, ResourceMonitor, ResourceSummary, SystemMonitor
-from nbmon.proctree import ProcessTree
-from nbmon.session import SESSION
-from nbmon.system import System
+from nbmon.sources.proctree import ProcessTree
+from nbmon.notebook.session import SESSION
+from nbmon.sources.machine import System
 from test_cli import NBMON
 from test_nvml import DEV_A, DEV_B
 
@@ -107,7 +107,7 @@ MAGIC_CASES = [
 
 def notebook(ip) -> dict:
     """world() plus the notebook's own state: history, monitor, hooks, namespace."""
-    magics = nbmon.magics._loaded[id(ip)]
+    magics = nbmon.notebook.magics._loaded[id(ip)]
     monitor = SESSION.monitor
     return world() | {
         "history": len(nbmon.history()),
@@ -335,7 +335,7 @@ CONSTRUCTOR_CASES = _cases()
 @pytest.mark.parametrize("build", [b for _, b in CONSTRUCTOR_CASES], ids=[i for i, _ in CONSTRUCTOR_CASES])
 def test_constructor(in_tmp, build):
     call, error, message, named = build()
-    nvml_state = nbmon.nvml.status()
+    nvml_state = nbmon.sources.nvml.status()
     before = world()
     with pytest.raises(Exception) as info:
         call()
@@ -343,7 +343,7 @@ def test_constructor(in_tmp, build):
     assert str(info.value) == message
     assert_one_sentence(message, named)
     assert world() == before
-    assert nbmon.nvml.status() == nvml_state  # NVML not initialised on the way to the error
+    assert nbmon.sources.nvml.status() == nvml_state  # NVML not initialised on the way to the error
 
 
 # -- ResourceSummary.from_dict ------------------------------------------------------------

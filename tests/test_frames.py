@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from nbmon.frames import (
+from nbmon.notebook.frames import (
     MAX_FRAME_BYTES,
     bucket_max,
     build_frame,

@@ -107,17 +107,17 @@ def test_the_checker_on_known_source():
         "async def g():\n"
         "    import pandas\n")
     got = [(i.target, i.line, i.in_function) for i in imports_of("x", source)]
-    assert got == [("pandas", 1, False), ("nbmon.nvml", 2, False), ("nbmon.store", 3, False),
-                   ("nbmon.live", 4, False), ("plotly.graph_objects", 6, False),
+    assert got == [("pandas", 1, False), ("nbmon.sources.nvml", 2, False), ("nbmon.store", 3, False),
+                   ("nbmon.notebook.dashboard", 4, False), ("plotly.graph_objects", 6, False),
                    ("IPython.display", 9, True), ("pandas", 11, True)]
 
 
 def test_the_checker_sees_imports():
     # Guard against a checker that silently finds nothing.
     targets = {i.target for i in ALL_IMPORTS["monitor"]}
-    assert {"nbmon.nvml", "nbmon.proctree", "nbmon.sampler", "threading"} <= targets
+    assert {"nbmon.sources.nvml", "nbmon.sources.proctree", "nbmon.sampler", "threading"} <= targets
     assert any(i.target == "pynvml" and i.in_function for i in ALL_IMPORTS["nvml"])
-    assert any(i.target == "nbmon.magics" and i.in_function for i in ALL_IMPORTS["__init__"])
+    assert any(i.target == "nbmon.notebook.magics" and i.in_function for i in ALL_IMPORTS["__init__"])
 
 
 @pytest.mark.parametrize("library, owner", [("IPython", "magics"), ("plotly", "live"),

@@ -12,7 +12,7 @@ import pytest
 from comm.base_comm import BaseComm
 
 from helpers import wait_until
-from nbmon.live import THREAD_NAME, Dashboard, frame_bytes
+from nbmon.notebook.dashboard import THREAD_NAME, Dashboard, frame_bytes
 from nbmon.monitor import Monitor
 
 POLL_S = 10.0  # upper bound of every wait below; they normally end in milliseconds
@@ -293,7 +293,7 @@ def test_gpu_rows_per_device(fake_gpus, dashboards):
 
 
 def test_record_html_is_plain_html(stopped):
-    from nbmon.live import record_html
+    from nbmon.notebook.dashboard import record_html
 
     record = record_html(stopped)
     assert record.startswith('<div class="nbmon-live-record">')
@@ -302,7 +302,7 @@ def test_record_html_is_plain_html(stopped):
 
 
 def test_write_html_is_a_self_contained_page_of_the_whole_run(stopped, tmp_path):
-    from nbmon.live import write_html
+    from nbmon.notebook.dashboard import write_html
 
     append(stopped.store, 20_000, proc_cpu_percent=10.0)
     append(stopped.store, 1, proc_cpu_percent=777.0)   # a one-sample spike at the end
@@ -319,7 +319,7 @@ def test_write_html_is_a_self_contained_page_of_the_whole_run(stopped, tmp_path)
 
 
 def test_write_html_of_a_monitor_that_never_ran(tmp_path):
-    from nbmon.live import write_html
+    from nbmon.notebook.dashboard import write_html
 
     path = write_html(Monitor(gpu=False), tmp_path / "empty.html")
     page = (tmp_path / "empty.html").read_text(encoding="utf-8")

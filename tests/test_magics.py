@@ -13,9 +13,9 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import nbmon
-import nbmon.magics
+import nbmon.notebook.magics
 from helpers import wait_until
-from nbmon.session import SESSION
+from nbmon.notebook.session import SESSION
 from nbmon.summary import ResourceSummary
 
 MIB = 2**20
@@ -115,7 +115,7 @@ def test_cell_starts_its_own_monitor_and_stops_it_afterwards(ip):
     with capture_output():
         seen = ip.run_cell_magic("resmon", "--interval 0.05",
                                  "import threading\n"
-                                 "from nbmon.session import SESSION as rm_s\n"
+                                 "from nbmon.notebook.session import SESSION as rm_s\n"
                                  "(rm_s.monitor.interval, sorted(t.name for t in threading.enumerate()))")
     interval, names = seen
     assert interval == 0.05
@@ -251,7 +251,7 @@ def test_auto_mode_records_every_cell_until_off(ip):
     with capture_output() as cap:
         ip.run_line_magic("resmon", "auto on --threshold 0")
     assert "auto on" in cap.stdout
-    magics = nbmon.magics._loaded[id(ip)]
+    magics = nbmon.notebook.magics._loaded[id(ip)]
     assert magics._post_run_cell in ip.events.callbacks["post_run_cell"]
 
     before = rows()
@@ -296,14 +296,14 @@ def test_unload_removes_hooks_and_stops_every_thread(ip):
         ip.run_line_magic("resmon", "")
         ip.run_line_magic("resmon", "auto on --threshold 0")
         ip.run_cell("rm_z = 1")
-    magics = nbmon.magics._loaded[id(ip)]
+    magics = nbmon.notebook.magics._loaded[id(ip)]
     assert thread_names()
     assert magics._post_run_cell in ip.events.callbacks["post_run_cell"]
 
     with capture_output():
         ip.run_line_magic("unload_ext", "nbmon")
     hooks = ip.events.callbacks["post_run_cell"] + ip.events.callbacks["pre_run_cell"]
-    assert not [cb for cb in hooks if isinstance(getattr(cb, "__self__", None), nbmon.magics.ResmonMagics)]
+    assert not [cb for cb in hooks if isinstance(getattr(cb, "__self__", None), nbmon.notebook.magics.ResmonMagics)]
     assert ip.find_line_magic("resmon") is None and ip.find_cell_magic("resmon") is None
     wait_until(lambda: not thread_names(), timeout=5.0, what="every nbmon thread to end after unload")
 

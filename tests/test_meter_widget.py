@@ -15,7 +15,7 @@ import pytest
 import traitlets
 from comm.base_comm import BaseComm
 
-from nbmon.meter import FLOAT_TRAITS, STATUSES, Meter
+from nbmon.notebook.meter import FLOAT_TRAITS, STATUSES, Meter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def test_own_synced_traits_are_exactly_the_scalars():
 
 
 def test_esm_is_the_built_single_file_module():
-    path = REPO / "nbmon" / "static" / "meter.js"
+    path = REPO / "nbmon" / "notebook" / "static" / "meter.js"
     assert path.is_file(), "run `node js/build.mjs`"
     # anywidget turns the Path into a FileContents whose str() is the file text.
     assert str(Meter._esm) == path.read_text(encoding="utf-8")
@@ -234,12 +234,12 @@ def test_import_stays_light():
     code = (
         "import sys, nbmon\n"
         "before = set(sys.modules)\n"
-        "import nbmon.meter\n"
+        "import nbmon.notebook.meter\n"
         "heavy = [m for m in ('numpy', 'pandas', 'plotly', 'psutil', 'pynvml') if m in set(sys.modules) - before]\n"
         "print(','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "", f"import nbmon.meter pulled in {out.stdout.strip()}"
+    assert out.stdout.strip() == "", f"import nbmon.notebook.meter pulled in {out.stdout.strip()}"
 
 
 def test_js_suite_passes():

@@ -122,7 +122,7 @@ def test_quickstart_exports_to_html_with_static_records(quickstart):
 def gpu_count_here() -> int:
     """What the kernel will see: asked in a fresh interpreter (the test
     process's NVML state may be a fake's)."""
-    out = subprocess.run([sys.executable, "-c", "import nbmon.nvml; print(nbmon.nvml.device_count())"],
+    out = subprocess.run([sys.executable, "-c", "import nbmon.sources.nvml; print(nbmon.sources.nvml.device_count())"],
                          capture_output=True, text=True, timeout=60, check=True)
     return int(out.stdout.strip())
 

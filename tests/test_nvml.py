@@ -1,4 +1,4 @@
-"""nbmon.nvml over the fake NVML library, through the real pynvml module."""
+"""nbmon.sources.nvml over the fake NVML library, through the real pynvml module."""
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +12,7 @@ import pynvml
 import pytest
 
 import nbmon
-import nbmon.nvml as nvml
+import nbmon.sources.nvml as nvml
 from fake_nvml import init_refcount, unload_from_pynvml
 from helpers import in_forked_child, wait_until
 from nbmon.monitor import Monitor

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from helpers import burn_cpu, fd_count, free_pid, wait_until
-from nbmon.proctree import FIELDS, ProcessTree
+from nbmon.sources.proctree import FIELDS, ProcessTree
 
 MIB = 1024 * 1024
 BACKENDS = [pytest.param(True, id="proc"), pytest.param(False, id="psutil")]

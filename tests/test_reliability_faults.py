@@ -35,7 +35,7 @@ import pytest
 from helpers import figure, wait_until
 
 from nbmon.monitor import Monitor
-from nbmon.proctree import FIELDS, ProcessTree
+from nbmon.sources.proctree import FIELDS, ProcessTree
 from nbmon.senders import CallbackSender, CSVSender, ForwardSamples, JSONLinesSender
 
 DEADLINE_S = 30.0
@@ -156,7 +156,7 @@ def test_resmon_status_prints_the_faults(monkeypatch):
     from IPython.testing import globalipapp
     from IPython.utils.capture import capture_output
 
-    from nbmon.session import SESSION
+    from nbmon.notebook.session import SESSION
 
     ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # None once anyone started it
     with capture_output():

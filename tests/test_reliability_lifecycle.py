@@ -30,8 +30,8 @@ import psutil
 import pytest
 from helpers import fd_count, figure, in_forked_child, nbmon_threads, wait_until
 
-import nbmon.nvml as nvml
-import nbmon.session
+import nbmon.sources.nvml as nvml
+import nbmon.notebook.session
 from nbmon.monitor import Monitor
 from nbmon.senders import CSVSender, ForwardSamples
 
@@ -71,7 +71,7 @@ def helper_running(pid: int, parent: int | None = None) -> bool:
         cmd = p.cmdline()
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return False
-    return "nbmon.procsampler" in cmd and (parent is None or f"--parent={parent}" in cmd)
+    return "nbmon.helper" in cmd and (parent is None or f"--parent={parent}" in cmd)
 
 
 def helpers_of(parent: int) -> list[int]:
@@ -79,7 +79,7 @@ def helpers_of(parent: int) -> list[int]:
     found = []
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         cmd = p.info["cmdline"] or []
-        if ("nbmon.procsampler" in cmd and f"--parent={parent}" in cmd
+        if ("nbmon.helper" in cmd and f"--parent={parent}" in cmd
                 and p.info["status"] != psutil.STATUS_ZOMBIE):
             found.append(p.info["pid"])
     return found
@@ -166,7 +166,7 @@ def test_resmon_100_cycles_in_a_real_ipython_shell():
     from IPython.testing import globalipapp
     from IPython.utils.capture import capture_output
 
-    from nbmon.live import Dashboard
+    from nbmon.notebook.dashboard import Dashboard
 
     ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # None once anyone started it
     saved = list(ip.display_formatter.active_types)
@@ -196,7 +196,7 @@ def test_resmon_100_cycles_in_a_real_ipython_shell():
             cycle()
         gc.collect()
         growth, object_growth = rss_mib() - rss, len(gc.get_objects()) - objects
-        figure("%resmon 100 cycles", backend=nbmon.session.SESSION.monitor.backend_used,
+        figure("%resmon 100 cycles", backend=nbmon.notebook.session.SESSION.monitor.backend_used,
                leaked_threads=len(nbmon_threads()), fd_delta=fd_count() - fds,
                rss_growth_mib=round(growth, 2), object_growth=object_growth,
                widgets_left=live_widgets() - widgets)

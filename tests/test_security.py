@@ -25,7 +25,7 @@ import pytest
 from helpers import figure, wait_until
 
 import nbmon
-from nbmon.live import Dashboard, write_html
+from nbmon.notebook.dashboard import Dashboard, write_html
 from nbmon.monitor import Monitor
 
 PACKAGE = pathlib.Path(nbmon.__file__).parent
@@ -163,7 +163,7 @@ def test_the_cell_magic_evaluates_only_the_cell_never_its_options(tmp_path):
     from IPython.testing import globalipapp
     from IPython.utils.capture import capture_output
 
-    from nbmon.session import SESSION
+    from nbmon.notebook.session import SESSION
 
     ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # None once anyone started it
     with capture_output():

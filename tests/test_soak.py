@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nbmon.frames import MAX_FRAME_BYTES, build_frame, frame_bytes
+from nbmon.notebook.frames import MAX_FRAME_BYTES, build_frame, frame_bytes
 from nbmon.sampler import Sampler
 from nbmon.store import Store
 from nbmon.summary import ResourceSummary, summarize

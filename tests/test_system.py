@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from helpers import burn_cpu, fd_count
-from nbmon.system import FIELDS, System
+from nbmon.sources.machine import FIELDS, System
 
 BACKENDS = [pytest.param(True, id="proc"), pytest.param(False, id="psutil")]
 MIB = 1024.0 * 1024.0

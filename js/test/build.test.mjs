@@ -10,13 +10,13 @@ import { DEFAULT_OUT, buildMeter } from "../build.mjs";
 
 const JS_DIR = join(dirname(fileURLToPath(import.meta.url)), "..");
 const BUILD = join(JS_DIR, "build.mjs");
-const BUILT = join(JS_DIR, "..", "nbmon", "static", "meter.js");
+const BUILT = join(JS_DIR, "..", "nbmon", "notebook", "static", "meter.js");
 
 function runBuild(args) {
   return spawnSync(process.execPath, [BUILD, ...args], { encoding: "utf8" });
 }
 
-test("build writes to nbmon/static/meter.js", () => {
+test("build writes to nbmon/notebook/static/meter.js", () => {
   assert.equal(DEFAULT_OUT, BUILT);
 });
 

@@ -17,8 +17,10 @@ import math
 import time
 from typing import Protocol, runtime_checkable
 
-from .monitor import Monitor, check_interval
-from .summary import ResourceSample, ResourceSummary
+from ..monitor import Monitor
+from ..options import check_interval
+from ..summary import ResourceSample, ResourceSummary
+from ..values import known, reading
 
 __all__ = ["GPUProfilerProtocol", "ResourceMonitor", "ResourceSample", "ResourceSummary"]
 
@@ -46,17 +48,6 @@ class GPUProfilerProtocol(Protocol):
         ...
 
 
-def _number(value) -> float:
-    """A finite non-negative float, else NaN (a malformed payload is unknown, not fatal)."""
-    if isinstance(value, (bool, str, bytes)):  # float("12") would pass a malformed payload off as a number
-        return NAN
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return NAN
-    return value if math.isfinite(value) and value >= 0 else NAN
-
-
 class ProfilerSource:
     """Adapts a GPUProfilerProtocol object to a sampler source.
 
@@ -81,16 +72,16 @@ class ProfilerSource:
         except Exception:  # the user's profiler: anything may go wrong
             self.errors += 1
             return NAN
-        number = _number(value)
+        number = reading(value)
         if number != number:
             self.errors += 1
         return number
 
-    def sample(self, now: float) -> tuple[float, float, float, float]:
-        return (self._ask("get_utilization", None),
-                self._ask("get_memory_usage", "gpu_memory_used_mb"),
-                self._ask("get_clock_info", "gpu_clock_mhz"),
-                self._ask("get_power_info", "power_draw_w"))
+    def sample(self, now: float) -> dict[str, float]:
+        return {"gpu_util_percent": self._ask("get_utilization", None),
+                "gpu_mem_used_mb": self._ask("get_memory_usage", "gpu_memory_used_mb"),
+                "gpu_sm_clock_mhz": self._ask("get_clock_info", "gpu_clock_mhz"),
+                "gpu_power_w": self._ask("get_power_info", "power_draw_w")}
 
     def close(self) -> None:
         pass
@@ -102,10 +93,6 @@ def _check_profiler(profiler) -> None:
     if missing:
         raise TypeError(f"gpu_profiler {profiler!r} does not satisfy GPUProfilerProtocol: "
                         f"missing {', '.join(missing)}")
-
-
-def _optional(v: float) -> float | None:
-    return None if v != v else v
 
 
 class ResourceMonitor:
@@ -151,9 +138,9 @@ class ResourceMonitor:
         t, _, cols = store.series([c for c in wanted if c in store.columns])
         nan = [NAN] * len(t)
         get = {c: cols[c].tolist() if c in cols else nan for c in wanted}
-        return [ResourceSample(timestamp=ts, cpu_percent=cpu, rss_mb=rss, gpu_util=_optional(gu),
-                               gpu_mem_mb=_optional(gm), gpu_clock_mhz=_optional(gc),
-                               gpu_power_w=_optional(gp))
+        return [ResourceSample(timestamp=ts, cpu_percent=cpu, rss_mb=rss, gpu_util=known(gu),
+                               gpu_mem_mb=known(gm), gpu_clock_mhz=known(gc),
+                               gpu_power_w=known(gp))
                 for ts, cpu, rss, gu, gm, gc, gp in zip(t.tolist(), *get.values())]
 
     @property

@@ -10,23 +10,14 @@ import math
 import os
 import sys
 import time
+from typing import NamedTuple
 
+from .. import catalog
 from .procfs import pread
 
 NAN = math.nan
 MIB = 1024.0 * 1024.0
-
-FIELDS = (
-    "proc_cpu_percent",       # tree CPU over the last interval, 100 = one core
-    "proc_cpu_norm_percent",  # the same divided by the logical CPU count, 0..100
-    "proc_cpu_time_s",        # CPU seconds the tree used since start(), exited children included
-    "proc_rss_mb",            # sum of the tree's resident set sizes, MiB
-    "proc_rss_peak_mb",       # highest tree RSS within the last interval, MiB (exact for the root on Linux)
-    "proc_threads",
-    "proc_count",
-    "proc_read_bytes",        # storage bytes read by the live tree (reaped children included)
-    "proc_write_bytes",
-)
+CLEAR_REFS_RESET_PEAK = b"5"  # proc(5): "5" resets the peak RSS (VmHWM) to the current RSS
 
 _LOGICAL_CPUS = os.cpu_count() or 1
 
@@ -162,12 +153,13 @@ class ProcessTree:
     ``peak_exact`` says whether that works here or peaks are sampled.
     """
 
-    fields = FIELDS
+    name = "process tree"
 
     def __init__(self, pid: int | None = None, *, children: bool = True,
                  exact_peak: bool = True, slow_every_s: float = 1.0,
                  use_proc: bool | None = None):
         self.pid = os.getpid() if pid is None else int(pid)
+        self.fields = catalog.names(catalog.TREE)
         self.children = children
         self.slow_every_s = slow_every_s
         if use_proc is None:
@@ -210,7 +202,7 @@ class ProcessTree:
         a span starting or ending there has the exact peak of its own."""
         self._last_slow_t = -math.inf
 
-    def sample(self, now: float) -> tuple[float, ...]:
+    def sample(self, now: float) -> dict[str, float]:
         b = self._backend
         slow = now - self._last_slow_t >= self.slow_every_s
         if slow:
@@ -236,9 +228,17 @@ class ProcessTree:
             if root_peak == root_peak:  # not NaN
                 peak_mb = max(rss_mb, rss_mb - b.root_rss_mb() + root_peak)
                 b.reset_peak()
-        return (cpu_percent, cpu_percent / _LOGICAL_CPUS, cpu_s - self._start_cpu_s,
-                rss_mb, peak_mb, b.threads(), float(b.count()),
-                b.io_total("read_bytes"), b.io_total("write_bytes"))
+        return {
+            "proc_cpu_percent": cpu_percent,
+            "proc_cpu_norm_percent": cpu_percent / _LOGICAL_CPUS,
+            "proc_cpu_time_s": cpu_s - self._start_cpu_s,
+            "proc_rss_mb": rss_mb,
+            "proc_rss_peak_mb": peak_mb,
+            "proc_threads": b.threads(),
+            "proc_count": float(b.count()),
+            "proc_read_bytes": b.io_total("read_bytes"),
+            "proc_write_bytes": b.io_total("write_bytes"),
+        }
 
     def close(self) -> None:
         self._backend.close()
@@ -277,11 +277,11 @@ class _ProcBackend:
             self._clear_refs_fd = -1
 
     def reset_peak(self) -> bool:
-        """Reset the root's VmHWM to its current RSS (clear_refs value 5)."""
+        """Reset the root's VmHWM to its current RSS."""
         if self._clear_refs_fd < 0:
             return False
         try:
-            os.write(self._clear_refs_fd, b"5")
+            os.write(self._clear_refs_fd, CLEAR_REFS_RESET_PEAK)
             return True
         except OSError:
             return False
@@ -394,6 +394,14 @@ class _ProcBackend:
         self._status_fd = self._clear_refs_fd = -1
 
 
+class _PsReading(NamedTuple):
+    cpu_s: float        # own and reaped children's CPU seconds
+    rss_bytes: float
+    threads: float
+    read_bytes: float
+    write_bytes: float
+
+
 class _PsutilBackend:
     """Portable fallback through psutil; peaks are sampled."""
 
@@ -406,7 +414,7 @@ class _PsutilBackend:
         self.tree = tree
         self.procs: dict = {}
         self.parents: dict[int, int] = {}
-        self.values: dict[int, tuple] = {}   # pid -> (cpu_s, rss_bytes, threads, read, write)
+        self.values: dict[int, _PsReading] = {}
         self.retained_cpu_s = 0.0
         self.root_alive = False
 
@@ -440,18 +448,20 @@ class _PsutilBackend:
                 with proc.oneshot():
                     t = proc.cpu_times()
                     old = self.values.get(pid)
-                    rw = (NAN, NAN)
+                    read_bytes = write_bytes = NAN
                     if slow:
                         try:
                             c = proc.io_counters()
-                            rw = (float(c.read_bytes), float(c.write_bytes))
+                            read_bytes, write_bytes = float(c.read_bytes), float(c.write_bytes)
                         except (ps.AccessDenied, AttributeError, NotImplementedError):
                             pass
                     elif old:
-                        rw = old[3:]
+                        read_bytes, write_bytes = old.read_bytes, old.write_bytes
                     threads = float(proc.num_threads())
-                    self.values[pid] = (t.user + t.system + t.children_user + t.children_system,
-                                        float(proc.memory_info().rss), threads) + rw
+                    self.values[pid] = _PsReading(
+                        cpu_s=t.user + t.system + t.children_user + t.children_system,
+                        rss_bytes=float(proc.memory_info().rss), threads=threads,
+                        read_bytes=read_bytes, write_bytes=write_bytes)
                     if pid == self.tree.pid and threads <= 1 and proc.status() == ps.STATUS_ZOMBIE:
                         self.root_alive = False  # exited, only waiting to be reaped
             except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
@@ -466,27 +476,27 @@ class _PsutilBackend:
             # its time is in that member's children times.
             parent = self.parents.pop(pid, None)
             if last and parent not in self.procs and parent not in vanished:
-                self.retained_cpu_s += last[0]
-        return self.retained_cpu_s + sum(v[0] for v in self.values.values())
+                self.retained_cpu_s += last.cpu_s
+        return self.retained_cpu_s + sum(v.cpu_s for v in self.values.values())
 
     def rss_mb(self) -> float:
-        return sum(v[1] for v in self.values.values()) / MIB
+        return sum(v.rss_bytes for v in self.values.values()) / MIB
 
     def root_rss_mb(self) -> float:
-        return self.values.get(self.tree.pid, (0, 0))[1] / MIB
+        root = self.values.get(self.tree.pid)
+        return root.rss_bytes / MIB if root else 0.0
 
     def root_peak_mb(self) -> float:
         return NAN
 
     def threads(self) -> float:
-        return sum(v[2] for v in self.values.values())
+        return sum(v.threads for v in self.values.values())
 
     def count(self) -> int:
         return len(self.values)
 
     def io_total(self, field: str) -> float:
-        i = 3 if field == "read_bytes" else 4
-        return sum(v[i] for v in self.values.values()) if self.values else NAN
+        return sum(getattr(v, field) for v in self.values.values()) if self.values else NAN
 
     def close(self) -> None:
         self.procs.clear()

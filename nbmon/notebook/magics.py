@@ -14,8 +14,8 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import HTML, display
 
-from .monitor import BACKENDS, check_interval
-from .session import DEFAULT_INTERVAL, SESSION, cell_html, one_line
+from ..options import BACKENDS, DEFAULT_INTERVAL_S, Options, check_interval
+from .session import SESSION, cell_html, one_line
 
 SUBCOMMANDS = ("start", "stop", "status", "summary", "auto")
 # The live dashboard runs for long: a helper process keeps its timeline whole
@@ -61,7 +61,7 @@ class ResmonMagics(Magics):
     @argument("subcommand", nargs="?", default="start",
               help="line magic: start (default), stop, status, summary, or auto on|off")
     @argument("value", nargs="?", help="on or off, for auto")
-    @argument("--interval", metavar="S", help=f"seconds between samples (default {DEFAULT_INTERVAL})")
+    @argument("--interval", metavar="S", help=f"seconds between samples (default {DEFAULT_INTERVAL_S:g})")
     @argument("--window", metavar="S", help="seconds shown by the live dashboard (default 600)")
     @argument("--threshold", metavar="S", help="auto mode: only summarise cells longer than this (default 1)")
     @argument("--no-gpu", action="store_true", help="do not read NVIDIA GPUs")
@@ -87,11 +87,13 @@ class ResmonMagics(Magics):
         """
         args = parse_argstring(self.resmon, line)
         args.label = _unquote(args.label)
-        interval = _seconds(args.interval, "--interval", DEFAULT_INTERVAL)
+        interval = _seconds(args.interval, "--interval", DEFAULT_INTERVAL_S)
+        options = Options(interval=interval, gpu=not args.no_gpu, children=not args.no_children,
+                          system=not args.no_system)
         if cell is not None:
             if args.subcommand != "start" or args.value:
                 raise UsageError(f"%%resmon takes options only, not {args.subcommand!r}")
-            return self._run_cell(cell, interval, args)
+            return self._run_cell(cell, options, args)
         cell_only = [name for name, given in (("--label", args.label), ("--quiet", args.quiet),
                                               ("-o", args.output)) if given]
         if cell_only:
@@ -100,14 +102,15 @@ class ResmonMagics(Magics):
             raise UsageError(f"unknown %resmon subcommand {args.subcommand!r}; "
                              f"use one of: {', '.join(SUBCOMMANDS)}")
         if args.subcommand == "auto":
-            return self._auto(args.value, _seconds(args.threshold, "--threshold", 1.0, zero_ok=True), interval)
+            return self._auto(args.value, _seconds(args.threshold, "--threshold", 1.0, zero_ok=True), options)
         if args.value:
             raise UsageError(f"%resmon {args.subcommand} takes no value, got {args.value!r}")
         if args.subcommand == "start":
             window = _seconds(args.window, "--window", 600.0)
             if window < interval:
                 raise UsageError(f"--window ({window:g} s) must be at least --interval ({interval:g} s)")
-            return self._start(interval, window, args)
+            backend = args.backend or DEFAULT_BACKEND
+            return self._start(Options.of(options, backend=backend), window, interval_given=args.interval is not None)
         if args.subcommand == "stop":
             return self.stop()
         if args.subcommand == "status":
@@ -116,26 +119,23 @@ class ResmonMagics(Magics):
         return SESSION.monitor.summary() if SESSION.monitor else None
 
     # -- line magic ------------------------------------------------------
-    def _start(self, interval: float, window: float, args) -> None:
-        from .live import Dashboard
+    def _start(self, options: Options, window: float, interval_given: bool) -> None:
+        from .dashboard import Dashboard
 
         monitor = SESSION.monitor
         if monitor is not None and monitor.running:
-            if args.interval is not None and interval != monitor.interval:
+            if interval_given and options.interval != monitor.interval:
                 print(f"nbmon: already sampling every {monitor.interval:g} s; "
                       f"%resmon stop first to change the interval")
         else:
-            monitor, _ = SESSION.ensure_monitor(interval, backend=args.backend or DEFAULT_BACKEND,
-                                                gpu=not args.no_gpu,
-                                                children=not args.no_children,
-                                                system=not args.no_system)
+            monitor, _ = SESSION.ensure_monitor(options)
         dashboard = Dashboard(monitor, window_s=window)
         handle = display(dashboard, display_id=True)  # under the refresh lock: never mid-frame
         self.dashboards.append((dashboard, handle))
 
     def stop(self) -> None:
         """Stop monitoring; each dashboard is replaced by its static record."""
-        self._auto("off", 1.0, DEFAULT_INTERVAL, quiet=True)
+        self._auto("off", quiet=True)
         summary = SESSION.stop()
         for dashboard, handle in self.dashboards:
             # close(), not just freeze(): the static record replaces the chart,
@@ -162,15 +162,14 @@ class ResmonMagics(Magics):
         return "\n".join(lines)
 
     # -- cell magic ------------------------------------------------------
-    def _run_cell(self, cell: str, interval: float, args):
+    def _run_cell(self, cell: str, options: Options, args):
         from .meter import Meter, MeterFeed
 
         shell = self.shell
         record = handle = None
         try:
-            with SESSION.cell(label=args.label, execution_count=shell.execution_count, interval=interval,
-                              keep_running=self.auto_threshold_s is not None, gpu=not args.no_gpu,
-                              children=not args.no_children, system=not args.no_system) as record:
+            with SESSION.cell(options, label=args.label, execution_count=shell.execution_count,
+                              keep_running=self.auto_threshold_s is not None) as record:
                 feed = None
                 if not args.quiet:
                     meter = Meter(label=args.label or f"cell {shell.execution_count}")
@@ -220,14 +219,15 @@ class ResmonMagics(Magics):
         return None
 
     # -- auto mode -------------------------------------------------------
-    def _auto(self, value: str | None, threshold: float, interval: float, quiet: bool = False) -> None:
+    def _auto(self, value: str | None, threshold: float = 1.0, options: Options | None = None,
+              quiet: bool = False) -> None:
         events = self.shell.events
         if value == "on":
             if self.auto_threshold_s is None:
                 events.register("pre_run_cell", self._pre_run_cell)
                 events.register("post_run_cell", self._post_run_cell)
             self.auto_threshold_s = threshold
-            _, started = SESSION.ensure_monitor(interval)
+            _, started = SESSION.ensure_monitor(options)
             self._auto_started_monitor = self._auto_started_monitor or started
             if not quiet:
                 print(f"nbmon: auto on, summarising cells longer than {threshold:g} s")
@@ -272,7 +272,7 @@ class ResmonMagics(Magics):
                          f'{one_line(record)}</div>'))
 
     def close(self) -> None:
-        self._auto("off", 1.0, DEFAULT_INTERVAL, quiet=True)
+        self._auto("off", quiet=True)
         if (SESSION.monitor is not None and SESSION.monitor.running) or self.dashboards:
             self.stop()
 

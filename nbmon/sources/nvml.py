@@ -15,16 +15,10 @@ import numbers
 import os
 import threading
 
+from .. import catalog
+
 NAN = math.nan
 MIB = 1024.0 * 1024.0
-
-DEVICE_FIELDS = (
-    "util_percent", "mem_util_percent", "mem_used_mb", "mem_total_mb", "temp_c",
-    "power_w", "power_limit_w", "sm_clock_mhz", "mem_clock_mhz", "proc_mem_mb",
-)
-# Across devices: means of rates, sums of amounts; proc = the monitored tree.
-TOTAL_FIELDS = ("gpu_util_percent", "gpu_mem_used_mb", "gpu_proc_mem_mb",
-                "gpu_power_w", "gpu_sm_clock_mhz")
 
 _lock = threading.Lock()
 _init_pid: int | None = None
@@ -96,10 +90,6 @@ def status() -> str:
     return _state
 
 
-def device_count() -> int:
-    return _device_count if init() else 0
-
-
 def shutdown() -> None:
     """Release NVML (tests, and processes that want the driver's memory back)."""
     global _init_pid, _state, _device_count, _nvml_up
@@ -114,8 +104,31 @@ def shutdown() -> None:
         _init_pid, _state, _device_count, _nvml_up = None, "not initialised", 0, False
 
 
+def _utilization(nv, handle):
+    u = nv.nvmlDeviceGetUtilizationRates(handle)
+    return {"util_percent": u.gpu, "mem_util_percent": u.memory}
+
+
+def _memory(nv, handle):
+    m = nv.nvmlDeviceGetMemoryInfo(handle)
+    return {"mem_used_mb": m.used / MIB, "mem_total_mb": m.total / MIB}
+
+
+# NVML query -> the DEVICE metrics it answers. A query that answers
+# NotSupported gives NaN for its metrics and is not asked again.
+QUERIES = {
+    "utilization": _utilization,
+    "memory": _memory,
+    "temperature": lambda nv, h: {"temp_c": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)},
+    "power": lambda nv, h: {"power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0},
+    "power_limit": lambda nv, h: {"power_limit_w": nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0},
+    "sm_clock": lambda nv, h: {"sm_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)},
+    "mem_clock": lambda nv, h: {"mem_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)},
+}
+
+
 class _Device:
-    """One GPU's queries; remembers which fields the device does not support."""
+    """One GPU's queries; remembers which ones the device does not support."""
 
     def __init__(self, pynvml, index: int):
         self.nv = pynvml
@@ -124,44 +137,24 @@ class _Device:
         self.unsupported: set[str] = set()
         self.lost = False
         self.errors = 0
-        self.queries = (
-            ("utilization", self._utilization),
-            ("memory", self._memory),
-            ("temperature", lambda: (self.nv.nvmlDeviceGetTemperature(self.handle, self.nv.NVML_TEMPERATURE_GPU),)),
-            ("power", lambda: (self.nv.nvmlDeviceGetPowerUsage(self.handle) / 1000.0,)),
-            ("power_limit", lambda: (self.nv.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1000.0,)),
-            ("sm_clock", lambda: (self.nv.nvmlDeviceGetClockInfo(self.handle, self.nv.NVML_CLOCK_SM),)),
-            ("mem_clock", lambda: (self.nv.nvmlDeviceGetClockInfo(self.handle, self.nv.NVML_CLOCK_MEM),)),
-        )
+        self.metric_names = catalog.names(catalog.DEVICE)
 
-    def _utilization(self):
-        u = self.nv.nvmlDeviceGetUtilizationRates(self.handle)
-        return u.gpu, u.memory
-
-    def _memory(self):
-        m = self.nv.nvmlDeviceGetMemoryInfo(self.handle)
-        return m.used / MIB, m.total / MIB
-
-    def read(self, pids) -> list[float]:
-        """The device's fields in DEVICE_FIELDS order."""
-        out: list[float] = []
-        for name, query in self.queries:
-            width = 2 if name in ("utilization", "memory") else 1
-            out.extend(self.ask(name, query, width))
-        out.extend(self.ask("processes", lambda: (self._tree_memory_mb(pids),), 1))
+    def read(self, pids) -> dict[str, float]:
+        """Every DEVICE metric of the catalog: {metric name: value}, NaN where unknown."""
+        out = dict.fromkeys(self.metric_names, NAN)
+        for name, query in QUERIES.items():
+            out.update(self.ask(name, query))
+        out.update(self.ask("processes", lambda nv, h: {"proc_mem_mb": self._tree_memory_mb(pids)}))
         return out
 
-    def query(self, name: str) -> tuple[float, ...]:
-        for known, query in self.queries:
-            if known == name:
-                return self.ask(name, query, 2 if name in ("utilization", "memory") else 1)
-        raise KeyError(name)
+    def query(self, name: str) -> dict[str, float]:
+        return self.ask(name, QUERIES[name])
 
-    def ask(self, name, query, width) -> tuple[float, ...]:
+    def ask(self, name, query) -> dict[str, float]:
         if self.lost or name in self.unsupported:
-            return (NAN,) * width
+            return {}
         try:
-            return tuple(float(v) for v in query())
+            return {k: float(v) for k, v in query(self.nv, self.handle).items()}
         except self.nv.NVMLError as err:
             if err.value == self.nv.NVML_ERROR_NOT_SUPPORTED:
                 self.unsupported.add(name)
@@ -169,7 +162,7 @@ class _Device:
                 self.lost = True
             else:
                 self.errors += 1
-            return (NAN,) * width
+            return {}
 
     def _tree_memory_mb(self, pids) -> float:
         if not pids:
@@ -190,6 +183,8 @@ class GPUs:
     the processes ``tree_pids()`` returns (pids as NVML sees them: inside a
     container with its own pid namespace they do not match, and the tree's
     GPU memory reads 0)."""
+
+    name = "gpu"
 
     def __init__(self, tree_pids=lambda: ()):
         self.tree_pids = tree_pids
@@ -217,23 +212,27 @@ class GPUs:
                     self.devices.append(_Device(pynvml, index))
                 except pynvml.NVMLError as err:
                     self.note = f"GPU {index}: {_reason(pynvml, err)}"
-        self.fields = (TOTAL_FIELDS + tuple(f"gpu{d.index}_{f}" for d in self.devices
-                                            for f in DEVICE_FIELDS)) if self.devices else ()
-
-    def sample(self, now: float) -> tuple[float, ...]:
         if not self.devices:
-            return ()
+            self.fields = ()
+            return
+        self._totals = [m for m in catalog.METRICS if m.source == catalog.GPU]
+        self.fields = tuple(m.name for m in self._totals) + tuple(
+            catalog.device_column(d.index, name) for d in self.devices
+            for name in catalog.names(catalog.DEVICE))
+
+    def sample(self, now: float) -> dict[str, float]:
+        if not self.devices:
+            return {}
         pids = frozenset(self.tree_pids())
         per_device = [d.read(pids) for d in self.devices]
-        util = [v[0] for v in per_device if v[0] == v[0]]
-        totals = (
-            sum(util) / len(util) if util else NAN,
-            _nansum(v[2] for v in per_device),
-            _nansum(v[9] for v in per_device),
-            _nansum(v[5] for v in per_device),
-            _nanmean(v[7] for v in per_device),
-        )
-        return totals + tuple(x for v in per_device for x in v)
+        out = {}
+        for total in self._totals:
+            known = [v[total.of] for v in per_device if v[total.of] == v[total.of]]
+            out[total.name] = (sum(known) / (len(known) if total.total == "mean" else 1)) if known else NAN
+        for device, values in zip(self.devices, per_device):
+            for name, value in values.items():
+                out[catalog.device_column(device.index, name)] = value
+        return out
 
     def close(self) -> None:
         # Keep saying which GPU was lost once the run is over (state reads devices).
@@ -241,16 +240,6 @@ class GPUs:
         if lost and not self.note:
             self.note = f"GPU {', '.join(lost)} lost"
         self.devices = []
-
-
-def _nansum(values) -> float:
-    vals = [v for v in values if v == v]
-    return sum(vals) if vals else NAN
-
-
-def _nanmean(values) -> float:
-    vals = [v for v in values if v == v]
-    return sum(vals) / len(vals) if vals else NAN
 
 
 class NVMLProfiler:
@@ -275,17 +264,21 @@ class NVMLProfiler:
 
         self._device = _Device(pynvml, device_index)
 
+    def _get(self, query: str, metric: str) -> float:
+        return self._device.query(query).get(metric, NAN)
+
     def get_utilization(self) -> float:
-        return self._device.query("utilization")[0]
+        return self._get("utilization", "util_percent")
 
     def get_memory_usage(self) -> dict[str, float]:
-        used, total = self._device.query("memory")
-        return {"gpu_memory_used_mb": used, "gpu_memory_total_mb": total}
+        memory = self._device.query("memory")
+        return {"gpu_memory_used_mb": memory.get("mem_used_mb", NAN),
+                "gpu_memory_total_mb": memory.get("mem_total_mb", NAN)}
 
     def get_clock_info(self) -> dict[str, float]:
-        return {"gpu_clock_mhz": self._device.query("sm_clock")[0],
-                "mem_clock_mhz": self._device.query("mem_clock")[0]}
+        return {"gpu_clock_mhz": self._get("sm_clock", "sm_clock_mhz"),
+                "mem_clock_mhz": self._get("mem_clock", "mem_clock_mhz")}
 
     def get_power_info(self) -> dict[str, float]:
-        return {"power_draw_w": self._device.query("power")[0],
-                "power_limit_w": self._device.query("power_limit")[0]}
+        return {"power_draw_w": self._get("power", "power_w"),
+                "power_limit_w": self._get("power_limit", "power_limit_w")}

@@ -19,7 +19,6 @@ from __future__ import annotations
 import html
 import math
 import os
-import re
 import threading
 import time
 
@@ -27,16 +26,15 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .frames import DEFAULT_BUDGET, bucket_max, build_frame, frame_bytes
-from .render import fmt_mib, fmt_plain, svg_timeline
+from .. import catalog
+from ..format import fmt_mib, fmt_plain
+from .charts import ROW_PX, svg_record_timeline, traces_for
+from .frames import DEFAULT_BUDGET, build_frame, frame_bytes
 
 __all__ = ["Dashboard", "THREAD_NAME", "frame_bytes", "record_html", "write_html"]
 
 THREAD_NAME = "nbmon-live"
 _EMPTY = np.empty(0, dtype=np.float32)
-_ROW_PX = 170
-_TIMELINE_POINTS = 600
-_GPU_COLUMN = re.compile(r"gpu(\d+)_util_percent")
 
 
 class FigureWidget(go.FigureWidget):  # the same name: callers check it
@@ -47,57 +45,33 @@ class FigureWidget(go.FigureWidget):  # the same name: callers check it
     _esm = str(go.FigureWidget._esm)
 
 
-def _traces_for(columns, gpu_indices):
-    """[(row, column, label, unit)] for the charts, in display order."""
-    specs = [
-        (1, "proc_cpu_percent", "CPU, process tree (100 = 1 core)", "%"),
-        (1, "sys_cpu_percent", "CPU, machine (100 = all cores)", "%"),
-        (2, "proc_rss_mb", "RSS, process tree", "MiB"),
-        (2, "sys_mem_used_mb", "memory used, machine", "MiB"),
-    ]
-    for i in gpu_indices:
-        specs.append((3, f"gpu{i}_util_percent", f"GPU {i} utilisation", "%"))
-    for i in gpu_indices:
-        specs.append((4, f"gpu{i}_mem_used_mb", f"GPU {i} memory used", "MiB"))
-    if columns is None:
-        return specs
-    have = set(columns)
-    return [s for s in specs if s[1] in have]
+def _columns_of(monitor) -> list[str]:
+    """The columns a monitor's store has, or will have once started."""
+    if monitor.store is not None:  # a stopped monitor has closed its devices; its store still has them
+        return list(monitor.store.columns)
+    options = monitor.options
+    columns = list(catalog.names(catalog.TREE))
+    if options.system:
+        columns += catalog.names(catalog.MACHINE)
+    return columns
 
 
-def _columns_of(monitor) -> tuple[list[int], list]:
-    """(GPU indices, chart specs) for a monitor, started or not."""
-    gpus = getattr(monitor, "gpus", None)
-    indices = {int(getattr(d, "index", k)) for k, d in enumerate(gpus.devices)} if gpus else set()
-    store = monitor.store
-    if store is not None:  # a stopped monitor has closed its devices; its store still has them
-        indices.update(int(m.group(1)) for m in map(_GPU_COLUMN.fullmatch, store.columns) if m)
-        columns = list(store.columns)
-    else:  # not started yet: the columns its sources will have
-        columns = ["proc_cpu_percent", "proc_rss_mb"]
-        if getattr(monitor, "system", True):
-            columns += ["sys_cpu_percent", "sys_mem_used_mb"]
-        columns += [f"gpu{i}_{f}" for i in sorted(indices) for f in ("util_percent", "mem_used_mb")]
-    indices = sorted(indices)
-    return indices, _traces_for(columns, indices)
-
-
-def _figure(traces, gpus: bool, x_title: str) -> go.Figure:
-    """Empty subplots (shared x) with one line trace per spec of :func:`_traces_for`."""
-    rows = 4 if gpus else 2
-    titles = ["CPU %", "memory MiB", "GPU util %", "GPU memory MiB"][:rows]
-    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.04)
-    for row, column, label, unit in traces:
+def _figure(columns, x_title: str) -> go.Figure:
+    """Empty subplots (shared x) with one line trace per chart trace of ``columns``."""
+    rows, traces = traces_for(columns)
+    fig = make_subplots(rows=max(1, len(rows)), cols=1, shared_xaxes=True, vertical_spacing=0.04)
+    for trace in traces:
         fig.add_trace(go.Scatter(
-            x=_EMPTY, y=_EMPTY, name=label, mode="lines", line={"width": 1.3}, meta=column,
-            hovertemplate=f"%{{y:.1f}} {unit}<extra>{html.escape(label)}</extra>"),
-            row=row, col=1)
-    for row, title in enumerate(titles, start=1):
-        fig.update_yaxes(title_text=title, rangemode="tozero", row=row, col=1)
-    fig.update_xaxes(title_text=x_title, row=rows, col=1)
+            x=_EMPTY, y=_EMPTY, name=trace.label, mode="lines", meta=trace.column,
+            line={"width": 1.3, "color": trace.color},
+            hovertemplate=f"%{{y:.1f}} {trace.unit}<extra>{html.escape(trace.label)}</extra>"),
+            row=trace.row, col=1)
+    for number, row in enumerate(rows, start=1):
+        fig.update_yaxes(title_text=row.title, rangemode="tozero", row=number, col=1)
+    fig.update_xaxes(title_text=x_title, row=max(1, len(rows)), col=1)
     fig.update_layout(
         title={"x": 0.01, "y": 0.99, "yanchor": "top", "font": {"size": 14}},
-        height=100 + _ROW_PX * rows, margin={"l": 60, "r": 20, "t": 70, "b": 40},
+        height=100 + ROW_PX * max(1, len(rows)), margin={"l": 60, "r": 20, "t": 70, "b": 40},
         template="plotly_white", hovermode="x unified",
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.01, "x": 0.0, "xanchor": "left",
                 "font": {"size": 10}},
@@ -105,27 +79,11 @@ def _figure(traces, gpus: bool, x_title: str) -> go.Figure:
     return fig
 
 
-def _timeline(store) -> str:
-    """SVG timeline of everything the store holds (CPU, RSS, GPU when known)."""
-    if store is None:
-        return ""
-    wanted = [("CPU", "proc_cpu_percent", " %"), ("RSS", "proc_rss_mb", " MiB"),
-              ("GPU", "gpu_util_percent", " %")]
-    wanted = [w for w in wanted if w[1] in store.columns]
-    if not wanted:
-        return ""
-    t, _wall, values = store.series([c for _, c, _ in wanted])
-    t, peaks = bucket_max(t, values, _TIMELINE_POINTS)
-    series = {label: (peaks[c], unit) for label, c, unit in wanted
-              if label != "GPU" or np.isfinite(peaks[c]).any()}
-    return svg_timeline(t, series)
-
-
 def record_html(monitor) -> str:
     """Static record of a monitor's current (or last) run: its summary table
     and an SVG timeline; plain HTML, no widget state or JavaScript."""
     summary = monitor.summary()._repr_html_()
-    return f'<div class="nbmon-live-record">{summary}{_timeline(monitor.store)}</div>'
+    return f'<div class="nbmon-live-record">{summary}{svg_record_timeline(monitor.store)}</div>'
 
 
 def write_html(monitor, path, *, title: str | None = None,
@@ -136,11 +94,10 @@ def write_html(monitor, path, *, title: str | None = None,
     With ``overwrite=False`` an existing file is left alone (FileExistsError)."""
     import plotly.io as pio
 
-    gpu_indices, traces = _columns_of(monitor)
-    fig = _figure(traces, bool(gpu_indices), "seconds since start")
+    fig = _figure(_columns_of(monitor), "seconds since start")
     store = monitor.store
     if store is not None and len(store):
-        columns = [c for _, c, _, _ in traces]
+        columns = [trace.meta for trace in fig.data]
         frame = build_frame(store, columns, math.inf, budget_per_trace,
                             max_bytes=8 * budget_per_trace * max(1, len(columns)))
         t, _wall, _ = store.series([])
@@ -202,16 +159,15 @@ class Dashboard:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-        self.gpu_indices, self.traces = _columns_of(monitor)
-        self.columns = [c for _, c, _, _ in self.traces]
         self.widget = self._make_figure()
+        self.columns = [trace.meta for trace in self.widget.data]
 
         if start:
             self.start()
 
     # -- figure ------------------------------------------------------------
     def _make_figure(self) -> go.FigureWidget:  # nbmon's FigureWidget: see there
-        fig = _figure(self.traces, bool(self.gpu_indices), "seconds before now")
+        fig = _figure(_columns_of(self.monitor), "seconds before now")
         fig.update_xaxes(range=[-self.window_s, 0.0], autorange=False)
         fig.update_layout(title_text="waiting for samples…", uirevision="nbmon")
         return FigureWidget(fig)
@@ -219,7 +175,7 @@ class Dashboard:
     def _title(self, latest: dict) -> str:
         parts = [f"CPU {fmt_plain(latest.get('proc_cpu_percent', math.nan), ' %')}",
                  f"RSS {fmt_mib(latest.get('proc_rss_mb', math.nan))}"]
-        if self.gpu_indices:
+        if "gpu_util_percent" in latest:
             parts.append(f"GPU {fmt_plain(latest.get('gpu_util_percent', math.nan), ' %')}")
             parts.append(f"GPU mem {fmt_mib(latest.get('gpu_mem_used_mb', math.nan))}")
         text = " · ".join(parts)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-from .export import history_frame, samples_frame
-from .monitor import Monitor, check_interval
-from .render import fmt_mib, fmt_percent, fmt_seconds, html_table, svg_timeline
-from .summary import ResourceSummary
-
-DEFAULT_INTERVAL = 0.1
+from ..format import fmt_mib, fmt_percent, fmt_seconds
+from ..monitor import Monitor
+from ..options import Options
+from ..render import html_table
+from ..summary import ResourceSummary
+from ..tables import history_frame, samples_frame
+from .charts import svg_record_timeline
 
 
 class Session:
@@ -20,25 +21,22 @@ class Session:
         self.records: list[dict] = []
         self.last: ResourceSummary | None = None
 
-    def ensure_monitor(self, interval: float = DEFAULT_INTERVAL, *, gpu: bool = True,
-                       children: bool = True, system: bool = True,
-                       backend: str = "thread") -> tuple[Monitor, bool]:
-        """The running monitor, starting one if needed; the flag says whether
-        this call started it."""
+    def ensure_monitor(self, options: Options | None = None) -> tuple[Monitor, bool]:
+        """The running monitor, starting one with ``options`` if none runs;
+        the flag says whether this call started it."""
         if self.monitor is not None and self.monitor.running:
             return self.monitor, False
-        self.monitor = Monitor(interval=check_interval(interval), gpu=gpu, children=children,
-                               system=system, backend=backend)
+        self.monitor = Monitor(options=options)
         self.monitor.start()
         return self.monitor, True
 
     @contextmanager
-    def cell(self, *, label: str = "", execution_count=None, interval: float = DEFAULT_INTERVAL,
-             keep_running: bool = False, **options):
+    def cell(self, options: Options | None = None, *, label: str = "", execution_count=None,
+             keep_running: bool = False):
         """Monitor one cell: yields a dict that gets ``status`` (default
         'ok'), and on exit gains ``summary`` and joins the history.
-        ``options`` (gpu, children, system) apply if no monitor runs yet."""
-        monitor, started = self.ensure_monitor(interval, **options)
+        ``options`` apply if no monitor runs yet."""
+        monitor, started = self.ensure_monitor(options)
         span = monitor.window()
         record = {"execution_count": execution_count, "label": label, "start_time": time.time(),
                   "status": "ok", "span": span, "t_open": span.t_open}
@@ -62,6 +60,20 @@ class Session:
 
 
 SESSION = Session()
+
+
+def monitor(options: Options | None = None, *, consumers=(), **settings) -> Monitor:
+    """The notebook's monitor (the one ``%resmon`` shows), started with
+    ``options`` and ``settings`` (e.g. ``interval=0.5``) if none runs yet.
+    ``consumers`` (consumers, senders or callables) are attached to it
+    either way, so a sink of your own gets the kernel's samples::
+
+        nbmon.monitor(consumers=[nbmon.JSONLinesSender("kernel.jsonl")])
+    """
+    running, _ = SESSION.ensure_monitor(Options.of(options, **settings))
+    for consumer in consumers:
+        running.attach(consumer)
+    return running
 
 
 def history():
@@ -90,11 +102,8 @@ def cell_html(record: dict, monitor: Monitor | None) -> str:
     if status != "ok":
         title += f" · {status}"
     timeline = ""
-    if monitor is not None and monitor.store is not None and s.num_samples > 1:
-        t, _, cols = monitor.store.series(["proc_cpu_percent", "proc_rss_mb"],
-                                          t_from=record["t_open"])
-        timeline = svg_timeline(t, {"CPU": (cols["proc_cpu_percent"], " %"),
-                                    "RSS": (cols["proc_rss_mb"], " MiB")})
+    if monitor is not None and s.num_samples > 1:
+        timeline = svg_record_timeline(monitor.store, record["t_open"])
     return html_table(title, s.rows(), status=status, extra=timeline)
 
 

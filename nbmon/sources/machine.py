@@ -12,51 +12,36 @@ import math
 import os
 import sys
 
+from .. import catalog
 from .procfs import pread
 
 NAN = math.nan
 MIB = 1024.0 * 1024.0
-
-FIELDS = (
-    "sys_cpu_percent",          # all CPUs busy over the last interval, 0..100
-    "sys_mem_used_mb",          # total - available, MiB
-    "sys_mem_available_mb",
-    "sys_mem_total_mb",
-    "sys_mem_percent",          # used / total
-    "sys_swap_used_mb",
-    "sys_disk_used_percent",    # of the file system holding `disk_path`
-    "sys_disk_read_bytes",      # since boot
-    "sys_disk_write_bytes",
-    "sys_disk_read_bps",
-    "sys_disk_write_bps",
-    "sys_net_sent_bytes",       # since boot, all interfaces but loopback
-    "sys_net_recv_bytes",
-    "sys_net_sent_bps",
-    "sys_net_recv_bps",
-    "sys_load1",
-)
-
-_SLOW = FIELDS.index("sys_mem_used_mb")
+SECTOR_BYTES = 512  # /proc/diskstats counts 512-byte sectors, whatever the device's own size
+COUNTERS = ("sys_disk_read_bytes", "sys_disk_write_bytes", "sys_net_sent_bytes", "sys_net_recv_bytes")
 
 
-class System:
+class Machine:
     """Samples machine-wide figures. Call :meth:`start` to prime the CPU
-    baseline, so that the first sample's CPU % is already meaningful."""
+    baseline, so that the first sample's CPU % is already meaningful.
+    Disk use is of the file system holding ``disk_path``; network counts
+    every interface but loopback."""
 
-    fields = FIELDS
+    name = "machine"
 
     def __init__(self, *, disk_path: str = "/", slow_every_s: float = 1.0,
                  use_proc: bool | None = None):
         if use_proc is None:
             use_proc = sys.platform.startswith("linux") and os.path.exists("/proc/meminfo")
         self.use_proc = use_proc
+        self.fields = catalog.names(catalog.MACHINE)
         self.disk_path = disk_path
         self.slow_every_s = slow_every_s
         self._stat_fd = self._meminfo_fd = self._diskstats_fd = self._net_fd = -1
         self._disks: frozenset[bytes] = frozenset()
         self._cpu_busy = self._cpu_total = NAN
         self._cpu_percent = NAN
-        self._slow = (NAN,) * (len(FIELDS) - _SLOW)
+        self._slow: dict[str, float] = {}
         self._last_slow_t = -math.inf
         self._last_counters: tuple[float, ...] | None = None
 
@@ -131,7 +116,7 @@ class System:
         if self._last_counters is not None and dt > 0:
             rates = [(new - old) / dt for new, old in zip(counters, self._last_counters)]
         else:
-            rates = [NAN] * 4
+            rates = [NAN] * len(COUNTERS)
         try:
             disk_percent = float(psutil.disk_usage(self.disk_path).percent)
         except OSError:
@@ -142,11 +127,19 @@ class System:
             load1 = NAN
         self._last_counters = tuple(counters)
         self._last_slow_t = now
-        self._slow = (used, mem_avail, mem_total, used / mem_total * 100.0, swap_used, disk_percent,
-                      counters[0], counters[1], rates[0], rates[1],
-                      counters[2], counters[3], rates[2], rates[3], load1)
+        self._slow = {
+            "sys_mem_used_mb": used,
+            "sys_mem_available_mb": mem_avail,
+            "sys_mem_total_mb": mem_total,
+            "sys_mem_percent": used / mem_total * 100.0,
+            "sys_swap_used_mb": swap_used,
+            "sys_disk_used_percent": disk_percent,
+            **dict(zip(COUNTERS, counters)),
+            **{f"{name}_per_s": rate for name, rate in zip(COUNTERS, rates)},
+            "sys_load1": load1,
+        }
 
-    def sample(self, now: float) -> tuple[float, ...]:
+    def sample(self, now: float) -> dict[str, float]:
         busy, total = self._cpu_times()
         d_total = total - self._cpu_total
         # Clamped: iowait may go backwards (proc(5)), and psutil's float seconds
@@ -159,7 +152,9 @@ class System:
         cpu = self._cpu_percent
         if now - self._last_slow_t >= self.slow_every_s:
             self._refresh_slow(now)
-        return (cpu,) + self._slow
+        values = self._slow.copy()
+        values["sys_cpu_percent"] = cpu
+        return values
 
     def close(self) -> None:
         for fd in (self._stat_fd, self._meminfo_fd, self._diskstats_fd, self._net_fd):
@@ -182,9 +177,9 @@ def _diskstats(fd: int, disks: frozenset) -> list[float]:
     for line in pread(fd).splitlines():
         f = line.split()
         if len(f) > 9 and f[2] in disks:
-            read += int(f[5])      # sectors read (512 bytes, whatever the device)
+            read += int(f[5])      # sectors read
             written += int(f[9])   # sectors written
-    return [read * 512.0, written * 512.0]
+    return [read * float(SECTOR_BYTES), written * float(SECTOR_BYTES)]
 
 
 def _net_dev(fd: int) -> list[float]:

@@ -36,10 +36,13 @@ import time
 
 import numpy as np
 
-from .sampler import Fault, Sampler
+from .faults import FaultLog
+from .options import Options
+from .sampler import STOP_GRACE_S, Sampler
 
 _FRAME = struct.Struct("<cI")
 START_TIMEOUT_S = 5.0
+FLUSH_EVERY_S = 0.25  # the helper sends what it sampled at least this often
 
 
 # -- the helper process ------------------------------------------------------
@@ -52,34 +55,17 @@ def _write(kind: bytes, payload: bytes) -> None:
 
 
 def helper_main(argv: list[str]) -> int:
-    import argparse
+    """``python -m nbmon.helper PID PARENT_PID OPTIONS_JSON``"""
+    from .sources import Sources
 
-    from . import nvml
-    from .proctree import ProcessTree
-    from .system import System
-
-    p = argparse.ArgumentParser(prog="nbmon.procsampler")
-    p.add_argument("--pid", type=int, required=True)
-    p.add_argument("--parent", type=int, required=True)
-    p.add_argument("--interval", type=float, required=True)
-    p.add_argument("--flush", type=float, default=0.25)
-    p.add_argument("--no-children", action="store_true")
-    p.add_argument("--no-system", action="store_true")
-    p.add_argument("--no-gpu", action="store_true")
-    p.add_argument("--no-exact-peak", action="store_true")
-    args = p.parse_args(argv)
-    if os.getppid() != args.parent:  # the parent died while we started
+    pid, parent, options = int(argv[0]), int(argv[1]), Options.from_json(argv[2])
+    if os.getppid() != parent:  # the parent died while we started
         return 0
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the kernel
 
-    tree = ProcessTree(args.pid, children=not args.no_children, exact_peak=not args.no_exact_peak)
-    sources: list = [tree]
-    if not args.no_system:
-        sources.append(System())
-    gpus = None
-    if not args.no_gpu:
-        gpus = nvml.GPUs(tree_pids=lambda: tree.pids)
-        sources.append(gpus)
+    sources = Sources(pid, options)
+    tree = sources.tree
+    flush_every_s = min(FLUSH_EVERY_S, options.interval)
     records: list[np.ndarray] = []
     lock = threading.Lock()
     tag = [0.0]
@@ -88,16 +74,14 @@ def helper_main(argv: list[str]) -> int:
         with lock:
             records.append(np.concatenate(([tag[0], t, wall], row)))
 
-    sampler = Sampler(sources, sink, args.interval, until=lambda: not tree.root_alive)
+    sampler = Sampler(sources.all, sink, options.interval, until=lambda: not tree.root_alive)
     try:
         sampler.prime()
     except Exception as err:
         _write(b"E", f"{type(err).__name__}: {err}".encode())
         return 1
-    _write(b"H", json.dumps({
-        "fields": sampler.fields, "t_start": sampler.t_start, "peak_exact": tree.peak_exact,
-        "gpu_state": gpus.state if gpus else "off (gpu=False)",
-        "gpu_devices": len(gpus.devices) if gpus else 0}).encode())
+    _write(b"H", json.dumps({"fields": sampler.fields, "t_start": sampler.t_start,
+                             **sources.info()}).encode())
     sampler.launch()
     sent_faults: dict = {}
 
@@ -116,8 +100,8 @@ def helper_main(argv: list[str]) -> int:
     stdin = sys.stdin.buffer.raw
     pending = b""
     try:
-        while sampler.running and os.getppid() == args.parent:
-            ready, _, _ = select.select([stdin], [], [], args.flush)
+        while sampler.running and os.getppid() == parent:
+            ready, _, _ = select.select([stdin], [], [], flush_every_s)
             if ready:
                 chunk = os.read(stdin.fileno(), 4096)
                 if not chunk:  # the kernel closed our stdin: stop
@@ -132,7 +116,7 @@ def helper_main(argv: list[str]) -> int:
                             tag[0] = 0.0
             flush()
     finally:
-        sampler.stop(timeout=args.interval + 0.1, final=True)  # the run ends with its final state
+        sampler.stop(timeout=options.interval + STOP_GRACE_S, final=True)  # the run ends with its final state
         flush()
     return 0
 
@@ -146,21 +130,15 @@ class ProcessSampler:
 
     name = "nbmon-reader"
 
-    def __init__(self, pid: int, interval: float, *, children: bool = True, system: bool = True,
-                 gpu: bool = True, exact_peak: bool = True):
-        self.pid, self.interval = pid, interval
-        self.options = [f"--pid={pid}", f"--parent={os.getpid()}", f"--interval={interval!r}",
-                        f"--flush={min(0.25, interval)!r}"]
-        self.options += [flag for flag, off in (("--no-children", not children), ("--no-system", not system),
-                                                ("--no-gpu", not gpu), ("--no-exact-peak", not exact_peak))
-                         if off]
+    def __init__(self, pid: int, options: Options):
+        self.pid, self.options, self.interval = pid, options, options.interval
         self.sink = None
         self.until = None        # the helper ends by itself when the pid exits
         self.on_finish = None
         self.fields: tuple[str, ...] = ()
         self.t_start = math.nan
         self.info: dict = {}
-        self.faults: dict[str, Fault] = {}
+        self.faults = FaultLog()
         self.proc: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
         self._buffer = b""
@@ -177,7 +155,7 @@ class ProcessSampler:
         """Start the helper and read its header; raises RuntimeError if it
         does not come up within START_TIMEOUT_S."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nbmon.procsampler", *self.options],
+            [sys.executable, "-m", "nbmon.helper", str(self.pid), str(os.getpid()), self.options.to_json()],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             close_fds=True, start_new_session=True)  # no terminal signals: it stops when told
         try:
@@ -238,10 +216,9 @@ class ProcessSampler:
                             self._answer.notify_all()
                 elif kind == b"F":
                     for name, (count, first) in json.loads(payload).items():
-                        fault = self.faults.setdefault(name, Fault(name, first))
-                        fault.count = count
+                        self.faults.set_count(name, count, first)
         except Exception as err:  # never a traceback from a thread: count it
-            self.faults.setdefault("sampler process", Fault("sampler process", repr(err))).count += 1
+            self.faults.record("sampler process", err)
         finally:
             with self._answer:
                 self._answer.notify_all()
@@ -259,7 +236,7 @@ class ProcessSampler:
                 os.write(self.proc.stdin.fileno(), f"b {tag}\n".encode())
             except OSError:
                 return False
-        deadline = time.monotonic() + self.interval + 0.25
+        deadline = time.monotonic() + self.interval + FLUSH_EVERY_S
         with self._answer:
             while self._answered < tag and self.running:
                 left = deadline - time.monotonic()
@@ -274,7 +251,7 @@ class ProcessSampler:
         proc = self.proc
         if proc is None:
             return True
-        deadline = time.monotonic() + (self.interval + 0.1 if timeout is None else timeout)
+        deadline = time.monotonic() + (self.interval + STOP_GRACE_S if timeout is None else timeout)
         try:
             proc.stdin.close()
         except OSError:

@@ -77,23 +77,6 @@ def minmax_indices(values: np.ndarray, budget: int) -> np.ndarray | None:
     return out
 
 
-def decimate_minmax(t, values, budget: int):
-    """Reduce a series to at most ``budget`` points, keeping every bucket's
-    min and max in time order (see :func:`minmax_indices`).
-
-    ``t`` and ``values`` are 1-D and of equal length; with ``budget`` points
-    or fewer they are returned unchanged (the same objects). Dtypes are kept.
-    """
-    t = np.asarray(t)
-    values = np.asarray(values)
-    if t.shape != values.shape or t.ndim != 1:
-        raise ValueError(f"t and values must be 1-D of equal length, got shapes {t.shape} and {values.shape}")
-    idx = minmax_indices(values, budget)
-    if idx is None:
-        return t, values
-    return t[idx], values[idx]
-
-
 def bucket_max(t, series: Mapping[str, np.ndarray], points: int):
     """Shared-time reduction for static charts: ``(t_out, {name: max})`` with
     at most ``points`` buckets, each at its first sample's time and holding

@@ -1,4 +1,4 @@
-"""Compact one-line live meter for a cell: an anywidget over nbmon/static/meter.js.
+"""Compact one-line live meter for a cell: an anywidget over nbmon/notebook/static/meter.js.
 Unknown readings are None (JSON has no NaN); the front end shows them as "–"."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from typing import Any
 import anywidget
 import traitlets as t
 
+from ..values import known
+
 STATUSES = ("running", "done", "failed", "interrupted")
 
 FLOAT_TRAITS = (
@@ -22,13 +24,6 @@ FLOAT_TRAITS = (
     "gpu_util_percent",
     "gpu_mem_mb",
 )
-
-
-def _finite_or_none(value: Any) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 class Meter(anywidget.AnyWidget):
@@ -61,7 +56,7 @@ class Meter(anywidget.AnyWidget):
     @t.validate(*FLOAT_TRAITS)
     def _nan_to_none(self, proposal: t.Bunch) -> float | None:
         # NaN/inf would be serialised as invalid JSON and break the comm.
-        return _finite_or_none(proposal["value"])
+        return known(proposal["value"])
 
     @t.validate("status")
     def _known_status(self, proposal: t.Bunch) -> str:
@@ -89,7 +84,7 @@ class Meter(anywidget.AnyWidget):
         for name, value in values.items():
             # Anything not coerced here is left for the trait to reject.
             if name in FLOAT_TRAITS and isinstance(value, numbers.Real):
-                value = _finite_or_none(value)
+                value = known(value)
             elif name == "gpu_count":
                 if value is None or (isinstance(value, numbers.Real) and math.isnan(value)):
                     value = 0
@@ -130,7 +125,7 @@ class MeterFeed:
             "rss_mb": latest.get("proc_rss_mb"),
             "ram_total_mb": latest.get("sys_mem_total_mb"),
             "gpu_util_percent": latest.get("gpu_util_percent"),
-            "gpu_mem_mb": latest.get("gpu_proc_mem_mb"),
+            "gpu_mem_mb": latest.get("gpu_mem_used_mb"),
         }
 
     def _run(self) -> None:

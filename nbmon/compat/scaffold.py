@@ -17,8 +17,9 @@ from typing import Any, Dict, List, Optional, Union
 
 import psutil
 
-from .monitor import Monitor, check_interval, check_pid
-from .senders import Consumer
+from .. import catalog
+from ..monitor import Monitor
+from ..options import check_interval, check_pid
 
 __all__ = ["AbstractBackendSender", "GPUHandle", "SamplerDict", "StatsDict", "SystemMonitor"]
 
@@ -36,23 +37,6 @@ class AbstractBackendSender(abc.ABC):
         """Implements sending event to the corresponding backend."""
 
 
-# WandB name -> (nbmon column, statistic over the period)
-_MACHINE = {
-    "cpu": ("sys_cpu_percent", "mean"),
-    "memory": ("sys_mem_percent", "mean"),
-    "disk": ("sys_disk_used_percent", "last"),
-    "proc.memory.rssMB": ("proc_rss_mb", "mean"),
-    "proc.memory.availableMB": ("sys_mem_available_mb", "mean"),
-    "proc.cpu.threads": ("proc_threads", "last"),
-}
-_GPU = {
-    "gpu": ("util_percent", "mean"),
-    "memory": ("mem_util_percent", "mean"),
-    "temp": ("temp_c", "mean"),
-    "powerWatts": ("power_w", "mean"),
-}
-
-
 def _stats_dict(stats, network_init: dict | None, gpu_count: int) -> StatsDict:
     out: StatsDict = {}
 
@@ -60,32 +44,42 @@ def _stats_dict(stats, network_init: dict | None, gpu_count: int) -> StatsDict:
         if value == value:  # leave out what is unknown rather than publish NaN
             out[key] = value
 
-    for key, (column, stat) in _MACHINE.items():
-        put(key, stats.value(stat, column))
+    for metric in catalog.METRICS:
+        if metric.wandb and metric.source != catalog.DEVICE:
+            key, stat = metric.wandb
+            put(key, stats.value(stat, metric.name))
     rss, total = stats.value("mean", "proc_rss_mb"), stats.value("mean", "sys_mem_total_mb")
     put("proc.memory.percent", rss / total * 100.0 if total else float("nan"))
     if network_init:
         put("network.sent", stats.value("last", "sys_net_sent_bytes") - network_init["sent"])
         put("network.recv", stats.value("last", "sys_net_recv_bytes") - network_init["recv"])
     for i in range(gpu_count):
-        for key, (field, stat) in _GPU.items():
-            put(f"gpu.{i}.{key}", stats.value(stat, f"gpu{i}_{field}"))
-        used, mem_total = stats.value("mean", f"gpu{i}_mem_used_mb"), stats.value("last", f"gpu{i}_mem_total_mb")
+        def device(stat: str, name: str) -> float:
+            return stats.value(stat, catalog.device_column(i, name))
+
+        for metric in catalog.METRICS:
+            if metric.wandb and metric.source == catalog.DEVICE:
+                key, stat = metric.wandb
+                put(key.format(i=i), device(stat, metric.name))
+        used, mem_total = device("mean", "mem_used_mb"), device("last", "mem_total_mb")
         put(f"gpu.{i}.memoryAllocated", used / mem_total * 100.0 if mem_total else float("nan"))
-        power, limit = stats.value("mean", f"gpu{i}_power_w"), stats.value("last", f"gpu{i}_power_limit_w")
+        power, limit = device("mean", "power_w"), device("last", "power_limit_w")
         put(f"gpu.{i}.powerPercent", power / limit * 100.0 if limit else float("nan"))
     return out
 
 
-class _Publisher(Consumer):
+class _Publisher:
     def __init__(self, owner: "SystemMonitor"):
         self.owner = owner
         self.every_s = owner.sample_rate_seconds
         self.window = None
         self.lock = threading.Lock()  # flush() from the user's thread vs the sender thread
 
-    def tick(self, store, final: bool) -> None:
+    def consume(self, store, final: bool) -> None:
         self.owner._publish_period()
+
+    def close(self) -> None:
+        pass
 
 
 class SystemMonitor:

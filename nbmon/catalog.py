@@ -1,0 +1,153 @@
+"""Every metric nbmon measures, declared once.
+
+A metric's name is its column everywhere -- the store, ``samples()``, the
+CSV and JSON Lines headers -- and ends in its unit (``_mb`` is MiB,
+``_percent``, ``_s``, ``_bytes``, ``_bytes_per_s``, ``_w``, ``_mhz``,
+``_c``; a count has no suffix). Sources return values keyed by these
+names; everything that shows or publishes a metric (the summary, the live
+chart's rows, the meter, scaffold's WandB keys) reads it from here.
+
+Adding a metric: one entry in ``METRICS``, and the source named in its
+``source`` returns a value under its name. Per-GPU metrics (``DEVICE``) are
+named without the device: the column of device ``i`` is ``gpu<i>_<name>``
+(:func:`device_column`).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# kinds
+GAUGE = "gauge"        # a level at the sample's time (RSS, temperature)
+COUNTER = "counter"    # cumulative since a fixed origin (CPU seconds, bytes read)
+RATE = "rate"          # per second (or %) over the interval before the sample
+
+# how one window (a cell, a run) is summarised: statistics of store.Stats.value
+PEAK, MEAN, LAST, DELTA = "max", "mean", "last", "delta"
+
+# sources
+TREE = "tree"          # the watched process and its descendants
+MACHINE = "machine"    # the whole machine
+CGROUP = "cgroup"      # the container (cgroup) the watched process runs in
+GPU = "gpu"            # all GPUs together (totals of DEVICE metrics)
+DEVICE = "device"      # one GPU
+
+UNIT_SUFFIX = {"%": "_percent", "MiB": "_mb", "s": "_s", "B": "_bytes", "B/s": "_bytes_per_s",
+               "W": "_w", "MHz": "_mhz", "°C": "_c", "": ""}
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One measured quantity. ``chart`` names the live chart row it is drawn
+    in (None: not charted); ``wandb`` is its key and statistic in scaffold's
+    SystemMonitor (``{i}`` is the device index); a GPU total is the ``total``
+    ("sum" or "mean") of the DEVICE metric ``of`` over the devices."""
+
+    name: str
+    unit: str
+    label: str
+    kind: str
+    summary: str
+    source: str
+    chart: str | None = None
+    meter: bool = False
+    wandb: tuple[str, str] | None = None
+    total: str | None = None
+    of: str | None = None
+
+
+METRICS: tuple[Metric, ...] = (
+    # -- the process tree ------------------------------------------------------
+    Metric("proc_cpu_percent", "%", "CPU, process tree (100 = one core)", RATE, MEAN, TREE,
+           chart="cpu", meter=True),
+    Metric("proc_cpu_norm_percent", "%", "CPU, process tree (100 = every CPU)", RATE, MEAN, TREE),
+    Metric("proc_cpu_time_s", "s", "CPU time, process tree", COUNTER, DELTA, TREE),
+    Metric("proc_rss_mb", "MiB", "RSS, process tree", GAUGE, PEAK, TREE,
+           chart="memory", meter=True, wandb=("proc.memory.rssMB", MEAN)),
+    Metric("proc_rss_peak_mb", "MiB", "peak RSS, process tree", GAUGE, PEAK, TREE),
+    Metric("proc_threads", "", "threads, process tree", GAUGE, LAST, TREE,
+           wandb=("proc.cpu.threads", LAST)),
+    Metric("proc_count", "", "processes in the tree", GAUGE, PEAK, TREE),
+    Metric("proc_read_bytes", "B", "storage read, process tree", COUNTER, DELTA, TREE),
+    Metric("proc_write_bytes", "B", "storage written, process tree", COUNTER, DELTA, TREE),
+    # -- the machine -----------------------------------------------------------
+    Metric("sys_cpu_percent", "%", "CPU, machine (100 = every CPU)", RATE, MEAN, MACHINE,
+           chart="cpu", wandb=("cpu", MEAN)),
+    Metric("sys_mem_used_mb", "MiB", "memory used, machine", GAUGE, PEAK, MACHINE, chart="memory"),
+    Metric("sys_mem_available_mb", "MiB", "memory available, machine", GAUGE, LAST, MACHINE,
+           wandb=("proc.memory.availableMB", MEAN)),
+    Metric("sys_mem_total_mb", "MiB", "memory, machine", GAUGE, LAST, MACHINE, meter=True),
+    Metric("sys_mem_percent", "%", "memory used, machine", GAUGE, MEAN, MACHINE,
+           wandb=("memory", MEAN)),
+    Metric("sys_swap_used_mb", "MiB", "swap used, machine", GAUGE, PEAK, MACHINE),
+    Metric("sys_disk_used_percent", "%", "disk used", GAUGE, LAST, MACHINE, wandb=("disk", LAST)),
+    Metric("sys_disk_read_bytes", "B", "disk read since boot", COUNTER, DELTA, MACHINE),
+    Metric("sys_disk_write_bytes", "B", "disk written since boot", COUNTER, DELTA, MACHINE),
+    Metric("sys_disk_read_bytes_per_s", "B/s", "disk read rate", RATE, MEAN, MACHINE),
+    Metric("sys_disk_write_bytes_per_s", "B/s", "disk write rate", RATE, MEAN, MACHINE),
+    Metric("sys_net_sent_bytes", "B", "network sent since boot", COUNTER, DELTA, MACHINE),
+    Metric("sys_net_recv_bytes", "B", "network received since boot", COUNTER, DELTA, MACHINE),
+    Metric("sys_net_sent_bytes_per_s", "B/s", "network send rate", RATE, MEAN, MACHINE),
+    Metric("sys_net_recv_bytes_per_s", "B/s", "network receive rate", RATE, MEAN, MACHINE),
+    Metric("sys_load1", "", "load average, 1 min", GAUGE, MEAN, MACHINE),
+    # -- one GPU (column gpu<i>_<name>) ----------------------------------------
+    Metric("util_percent", "%", "utilisation", RATE, MEAN, DEVICE, chart="gpu_util",
+           wandb=("gpu.{i}.gpu", MEAN)),
+    Metric("mem_util_percent", "%", "memory bandwidth utilisation", RATE, MEAN, DEVICE,
+           wandb=("gpu.{i}.memory", MEAN)),
+    Metric("mem_used_mb", "MiB", "memory used", GAUGE, PEAK, DEVICE, chart="gpu_memory"),
+    Metric("mem_total_mb", "MiB", "memory", GAUGE, LAST, DEVICE),
+    Metric("temp_c", "°C", "temperature", GAUGE, PEAK, DEVICE, wandb=("gpu.{i}.temp", MEAN)),
+    Metric("power_w", "W", "power", GAUGE, MEAN, DEVICE, wandb=("gpu.{i}.powerWatts", MEAN)),
+    Metric("power_limit_w", "W", "power limit", GAUGE, LAST, DEVICE),
+    Metric("sm_clock_mhz", "MHz", "SM clock", GAUGE, MEAN, DEVICE),
+    Metric("mem_clock_mhz", "MHz", "memory clock", GAUGE, MEAN, DEVICE),
+    Metric("proc_mem_mb", "MiB", "memory used by the process tree", GAUGE, PEAK, DEVICE),
+    # -- all GPUs together -----------------------------------------------------
+    Metric("gpu_util_percent", "%", "GPU utilisation (mean over GPUs)", RATE, MEAN, GPU,
+           meter=True, total="mean", of="util_percent"),
+    Metric("gpu_mem_used_mb", "MiB", "GPU memory used (all GPUs)", GAUGE, PEAK, GPU,
+           meter=True, total="sum", of="mem_used_mb"),
+    Metric("gpu_proc_mem_mb", "MiB", "GPU memory of the process tree (all GPUs)", GAUGE, PEAK, GPU,
+           total="sum", of="proc_mem_mb"),
+    Metric("gpu_power_w", "W", "GPU power (all GPUs)", GAUGE, MEAN, GPU, total="sum", of="power_w"),
+    Metric("gpu_sm_clock_mhz", "MHz", "GPU SM clock (mean over GPUs)", GAUGE, MEAN, GPU,
+           total="mean", of="sm_clock_mhz"),
+)
+
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+_DEVICE_COLUMN = re.compile(r"gpu(\d+)_(.+)")
+
+
+def names(source: str) -> tuple[str, ...]:
+    """The names of one source's metrics, in catalog order."""
+    return tuple(m.name for m in METRICS if m.source == source)
+
+
+def device_column(index: int, name: str) -> str:
+    """The column of DEVICE metric ``name`` for GPU ``index``: gpu<index>_<name>."""
+    return f"gpu{index}_{name}"
+
+
+def split_device_column(column: str) -> tuple[int, str] | None:
+    """(index, metric name) of a per-GPU column, None for any other column."""
+    match = _DEVICE_COLUMN.fullmatch(column)
+    if match is None or BY_NAME.get(match.group(2), None) is None \
+            or BY_NAME[match.group(2)].source != DEVICE:
+        return None
+    return int(match.group(1)), match.group(2)
+
+
+def metric_of(column: str) -> Metric | None:
+    """The metric a store column holds (per-GPU columns included); None for a
+    column no catalog entry declares (an extra source's)."""
+    found = BY_NAME.get(column)
+    if found is not None and found.source != DEVICE:
+        return found
+    device = split_device_column(column)
+    return BY_NAME[device[1]] if device else None
+
+
+def unit_of(column: str) -> str:
+    metric = metric_of(column)
+    return metric.unit if metric else ""
