@@ -1,27 +1,30 @@
-// nbmon compact live meter: the anywidget front end for nbmon.meter.Meter.
+// nbmon compact live meter: the anywidget front end for nbmon.notebook.meter.Meter.
+//
+// What it shows comes from Python: the `fields` trait lists the metric catalog's
+// meter metrics ({name, unit, label, group, hook, key, bar, gpu}), each synced
+// as a float trait under its catalog name (proc_cpu_percent, proc_rss_mb, ...).
+// Every number is shown by fmt() in its metric's unit: the rules of
+// nbmon/format.py, so the meter and the cell's static summary agree.
 //
 // Stable hooks for tests and user CSS:
 //   .nbmon-meter                 root; data-status="running|done|failed|interrupted",
 //                                data-running="true|false", classes
 //                                nbmon-meter--{running,done,failed,interrupted}
 //                                ("interrupted" carries nbmon-meter--failed too).
-//   [data-nbmon="label|elapsed|cpu|ram|gpu|gpu-mem|status"]
-//                                value elements; the text is what the user sees,
-//                                data-value is the raw number ("" when unknown).
-//   [data-nbmon-metric="cpu|ram|gpu"]  one metric group; the GPU group is
-//                                [hidden] while gpu_count is 0.
-//   [data-nbmon-bar="cpu|ram|gpu"]     bar fill; data-fraction in [0, 1]. The RAM
-//                                bar is [hidden] unless ram_total_mb > 0.
+//   [data-nbmon="label|elapsed|status"] and one per field with a hook
+//                                (cpu|ram|gpu|gpu-mem): value elements; the text
+//                                is what the user sees, data-value the raw number
+//                                ("" when unknown), data-name the catalog name.
+//   [data-nbmon-metric="cpu|ram|gpu"]  one group of fields; a group of GPU
+//                                metrics is [hidden] while gpu_count is 0.
+//   [data-nbmon-bar="cpu|ram|gpu"]     bar fill; data-fraction in [0, 1]. A bar
+//                                whose maximum is a metric (RAM: sys_mem_total_mb)
+//                                is [hidden] unless that value is > 0.
 //
 // Python sends None for unknown readings; they arrive as null and show "–".
-// Built into nbmon/static/meter.js by js/build.mjs, which inlines format.js.
+// Built into nbmon/notebook/static/meter.js by js/build.mjs, which inlines format.js.
 
-import {
-  barFraction,
-  formatBytes,
-  formatDuration,
-  formatPercent,
-} from "./format.js";
+import { barFraction, fmt } from "./format.js";
 
 const STYLE_ID = "nbmon-meter-style";
 
@@ -90,19 +93,6 @@ const CSS = `
   font-weight: 600;
 }
 `;
-
-const TRAITS = [
-  "label",
-  "status",
-  "running",
-  "elapsed_s",
-  "cpu_percent",
-  "rss_mb",
-  "ram_total_mb",
-  "gpu_util_percent",
-  "gpu_mem_mb",
-  "gpu_count",
-];
 
 const STATUS_CLASSES = {
   running: ["nbmon-meter--running"],
@@ -183,59 +173,60 @@ function setValue(node, text, raw) {
   setAttr(node, "data-value", rawValue(raw));
 }
 
+// Groups of fields in order of first appearance; a group's key and bar scale
+// are those of its first field that has one (the bar shows that field).
+function groupsOf(fields) {
+  const groups = new Map();
+  for (const field of fields) {
+    if (!groups.has(field.group)) {
+      groups.set(field.group, { name: field.group, key: "", scale: null, fields: [], gpu: true });
+    }
+    const g = groups.get(field.group);
+    g.fields.push(field);
+    g.gpu = g.gpu && Boolean(field.gpu);
+    if (!g.key && field.key) g.key = field.key;
+    if (g.scale === null && field.bar !== null && field.bar !== undefined) g.scale = { field, max: field.bar };
+  }
+  return [...groups.values()];
+}
+
 function render({ model, el }) {
   const doc = el.ownerDocument || globalThis.document;
   injectStyle(el);
 
-  const value = (name) =>
-    make(doc, "span", "nbmon-meter__value", { "data-nbmon": name, "data-value": "" });
-  const key = (text) => {
-    const node = make(doc, "span", "nbmon-meter__key");
-    node.textContent = text;
-    return node;
-  };
+  const fields = Array.isArray(model.get("fields")) ? model.get("fields") : [];
+  const unitOf = new Map(fields.map((f) => [f.name, f.unit]));
 
   const labelEl = make(doc, "span", "nbmon-meter__label", { "data-nbmon": "label" });
   const elapsedEl = make(doc, "span", "nbmon-meter__elapsed", {
     "data-nbmon": "elapsed",
     "data-value": "",
   });
-
-  const cpuBar = makeBar(doc, "cpu");
-  const cpuEl = value("cpu");
-  const cpuGroup = make(doc, "span", "nbmon-meter__metric", { "data-nbmon-metric": "cpu" }, [
-    key("CPU"),
-    cpuBar.track,
-    cpuEl,
-  ]);
-
-  const ramBar = makeBar(doc, "ram");
-  const ramEl = value("ram");
-  const ramGroup = make(doc, "span", "nbmon-meter__metric", { "data-nbmon-metric": "ram" }, [
-    key("RAM"),
-    ramBar.track,
-    ramEl,
-  ]);
-
-  const gpuKey = key("GPU");
-  const gpuBar = makeBar(doc, "gpu");
-  const gpuEl = value("gpu");
-  const gpuMemEl = value("gpu-mem");
-  const gpuGroup = make(doc, "span", "nbmon-meter__metric", { "data-nbmon-metric": "gpu" }, [
-    gpuKey,
-    gpuBar.track,
-    gpuEl,
-    gpuMemEl,
-  ]);
-
   const statusEl = make(doc, "span", "nbmon-meter__status", { "data-nbmon": "status" });
+
+  const groups = groupsOf(fields).map((g) => {
+    const keyEl = make(doc, "span", "nbmon-meter__key");
+    keyEl.textContent = g.key;
+    const bar = g.scale ? makeBar(doc, g.name) : null;
+    const values = g.fields
+      .filter((f) => f.hook)
+      .map((f) => ({
+        field: f,
+        el: make(doc, "span", "nbmon-meter__value", {
+          "data-nbmon": f.hook,
+          "data-name": f.name,
+          "data-value": "",
+        }),
+      }));
+    const children = [...(g.key ? [keyEl] : []), ...(bar ? [bar.track] : []), ...values.map((v) => v.el)];
+    const groupEl = make(doc, "span", "nbmon-meter__metric", { "data-nbmon-metric": g.name }, children);
+    return { ...g, keyEl, bar, values, el: groupEl };
+  });
 
   const root = make(doc, "div", "nbmon-meter", {}, [
     labelEl,
     elapsedEl,
-    cpuGroup,
-    ramGroup,
-    gpuGroup,
+    ...groups.map((g) => g.el),
     statusEl,
   ]);
   el.appendChild(root);
@@ -251,7 +242,7 @@ function render({ model, el }) {
     if (model.get("running") && isNumber(elapsed)) {
       elapsed += Math.max(0, now() - receivedAt) / 1000;
     }
-    setText(elapsedEl, formatDuration(elapsed));
+    setText(elapsedEl, fmt(elapsed, "s"));
     setAttr(elapsedEl, "data-value", rawValue(elapsed));
   }
 
@@ -263,6 +254,16 @@ function render({ model, el }) {
       clearInterval(timer);
       timer = null;
     }
+  }
+
+  // A group's bar: its full scale (a number, or the value of the metric named
+  // by `bar`) and the text " of <max>" when the maximum is a reading.
+  function scaleOf(g) {
+    const spec = g.scale.max;
+    if (typeof spec === "number") return { max: spec, of: "" };
+    const max = model.get(spec);
+    const known = isNumber(max) && max > 0;
+    return { max: known ? max : null, of: known ? ` of ${fmt(max, unitOf.get(spec) ?? "")}` : "" };
   }
 
   function renderAll() {
@@ -282,33 +283,30 @@ function render({ model, el }) {
 
     renderElapsed();
 
-    const cpu = model.get("cpu_percent");
-    setValue(cpuEl, formatPercent(cpu), cpu);
-    // Bar is 0..100 % of one core; multi-core use shows a full bar and the number.
-    setBar(cpuBar, barFraction(cpu, 100));
-
-    const rss = model.get("rss_mb");
-    const total = model.get("ram_total_mb");
-    const hasTotal = isNumber(total) && total > 0;
-    setValue(ramEl, formatBytes(rss), rss);
-    setHidden(ramBar.track, !hasTotal);
-    setBar(ramBar, hasTotal ? barFraction(rss, total) : 0);
-    setAttr(ramEl, "title", hasTotal ? `of ${formatBytes(total)}` : "");
-
     const gpuCount = model.get("gpu_count");
     const hasGpu = isNumber(gpuCount) && gpuCount > 0;
-    setHidden(gpuGroup, !hasGpu);
-    setText(gpuKey, hasGpu && gpuCount > 1 ? `GPU\u00d7${gpuCount}` : "GPU");
-    const util = model.get("gpu_util_percent");
-    const gpuMem = model.get("gpu_mem_mb");
-    setValue(gpuEl, formatPercent(util), util);
-    setBar(gpuBar, barFraction(util, 100));
-    setValue(gpuMemEl, formatBytes(gpuMem), gpuMem);
-
-    const parts = [label, formatDuration(model.get("elapsed_s"))];
-    parts.push(`CPU ${formatPercent(cpu)}`);
-    parts.push(`RAM ${formatBytes(rss)}${hasTotal ? ` of ${formatBytes(total)}` : ""}`);
-    if (hasGpu) parts.push(`GPU ${formatPercent(util)}, ${formatBytes(gpuMem)}`);
+    const parts = [label, fmt(model.get("elapsed_s"), "s")];
+    for (const g of groups) {
+      const shown = !g.gpu || hasGpu;
+      setHidden(g.el, !shown);
+      const key = g.gpu && hasGpu && gpuCount > 1 ? `${g.key}\u00d7${gpuCount}` : g.key;
+      setText(g.keyEl, key);
+      const scale = g.scale ? scaleOf(g) : null;
+      if (g.bar) {
+        setHidden(g.bar.track, scale.max === null);
+        setBar(g.bar, scale.max === null ? 0 : barFraction(model.get(g.scale.field.name), scale.max));
+      }
+      const texts = [];
+      for (const v of g.values) {
+        const raw = model.get(v.field.name);
+        const text = fmt(raw, v.field.unit);
+        const of = scale && g.scale.field === v.field ? scale.of : "";
+        setValue(v.el, text, raw);
+        setAttr(v.el, "title", `${v.field.label}: ${text}${of}`);
+        texts.push(text + of);
+      }
+      if (shown && texts.length) parts.push(`${key} ${texts.join(", ")}`.trim());
+    }
     parts.push(status);
     setAttr(root, "title", parts.filter(Boolean).join(" \u00b7 "));
 
@@ -317,7 +315,8 @@ function render({ model, el }) {
 
   // Registered per trait with a named function so cleanup can remove exactly
   // these handlers (a model outlives its views).
-  const handlers = TRAITS.map((name) => {
+  const traits = ["label", "status", "running", "elapsed_s", "gpu_count", ...fields.map((f) => f.name)];
+  const handlers = traits.map((name) => {
     const handler =
       name === "elapsed_s" || name === "running"
         ? () => {

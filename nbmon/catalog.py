@@ -33,7 +33,7 @@ GPU = "gpu"            # all GPUs together (totals of DEVICE metrics)
 DEVICE = "device"      # one GPU
 
 UNIT_SUFFIX = {"%": "_percent", "MiB": "_mb", "s": "_s", "B": "_bytes", "B/s": "_bytes_per_s",
-               "W": "_w", "MHz": "_mhz", "°C": "_c", "": ""}
+               "W": "_w", "MHz": "_mhz", "°C": "_c", "CPUs": "_cpus", "": ""}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +90,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("sys_net_sent_bytes_per_s", "B/s", "network send rate", RATE, MEAN, MACHINE),
     Metric("sys_net_recv_bytes_per_s", "B/s", "network receive rate", RATE, MEAN, MACHINE),
     Metric("sys_load1", "", "load average, 1 min", GAUGE, MEAN, MACHINE),
+    # -- the container (cgroup) ------------------------------------------------
+    Metric("cgroup_mem_used_mb", "MiB", "memory used, container", GAUGE, PEAK, CGROUP),
+    Metric("cgroup_mem_limit_mb", "MiB", "memory limit, container", GAUGE, LAST, CGROUP, chart="memory"),
+    Metric("cgroup_oom_kills", "", "OOM kills, container", COUNTER, DELTA, CGROUP),
+    Metric("cgroup_cpu_limit_cpus", "CPUs", "CPU quota, container", GAUGE, LAST, CGROUP),
     # -- one GPU (column gpu<i>_<name>) ----------------------------------------
     Metric("util_percent", "%", "utilisation", RATE, MEAN, DEVICE, chart="gpu_util",
            wandb=("gpu.{i}.gpu", MEAN)),
@@ -98,6 +103,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("mem_used_mb", "MiB", "memory used", GAUGE, PEAK, DEVICE, chart="gpu_memory"),
     Metric("mem_total_mb", "MiB", "memory", GAUGE, LAST, DEVICE),
     Metric("temp_c", "°C", "temperature", GAUGE, PEAK, DEVICE, wandb=("gpu.{i}.temp", MEAN)),
+    Metric("fan_percent", "%", "fan speed", GAUGE, MEAN, DEVICE),
     Metric("power_w", "W", "power", GAUGE, MEAN, DEVICE, wandb=("gpu.{i}.powerWatts", MEAN)),
     Metric("power_limit_w", "W", "power limit", GAUGE, LAST, DEVICE),
     Metric("sm_clock_mhz", "MHz", "SM clock", GAUGE, MEAN, DEVICE),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import html
 
-from .format import fmt_plain, fmt_seconds, is_unknown
+from .format import fmt, is_unknown
 
 
 def html_table(title: str, rows: list[tuple[str, str]], *, status: str = "ok", extra: str = "") -> str:
@@ -29,9 +29,11 @@ _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 def svg_timeline(t, series: dict, *, width: int = 360, height: int = 70, max_points: int = 300) -> str:
     """Small static line chart: one normalised line per series, legend with peaks.
 
-    ``t`` and each value array are sequences of floats of equal length;
-    each series is drawn on its own scale (0 to its peak) so that the shapes
-    compare, and the legend gives the peak with its unit.
+    ``series`` is ``{name: (values, unit)}`` with a catalog unit ("%",
+    "MiB", ...; see :func:`nbmon.format.fmt`). ``t`` and each value array are
+    sequences of floats of equal length; each series is drawn on its own
+    scale (0 to its peak) so that the shapes compare, and the legend gives
+    the peak in its unit.
     """
     n = len(t)
     if n < 2:
@@ -42,24 +44,26 @@ def svg_timeline(t, series: dict, *, width: int = 360, height: int = 70, max_poi
     pad, plot_h = 2, height - 18
     lines, legend = [], []
     for k, (label, (values, unit)) in enumerate(series.items()):
-        finite = [float(v) for v in values if not is_unknown(float(v))]
+        fmt(None, unit)  # refuses a unit that is not the catalog's, with data or without
+        finite = [float(v) for v in values if not is_unknown(v)]
         if not finite:
             continue
-        top = max(finite) or 1.0
+        peak = max(finite)
+        top = peak if peak > 0 else 1.0
         color = _COLORS[k % len(_COLORS)]
         pts = []
         for i in range(0, n, step):
-            chunk = [float(v) for v in values[i:i + step] if not is_unknown(float(v))]
+            chunk = [float(v) for v in values[i:i + step] if not is_unknown(v)]
             if not chunk:
                 continue
             x = pad + (float(t[i]) - t0) / span * (width - 2 * pad)
             y = pad + plot_h - max(chunk) / top * plot_h
             pts.append(f"{x:.1f},{y:.1f}")
         lines.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.3" points="{" ".join(pts)}"/>')
-        legend.append(f'<tspan fill="{color}">■</tspan> {html.escape(label)} peak {html.escape(fmt_plain(top, unit))}  ')
+        legend.append(f'<tspan fill="{color}">■</tspan> {html.escape(label)} peak {html.escape(fmt(peak, unit))}  ')
     return (f'<svg class="nbmon-timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" '
             f'height="{height}" viewBox="0 0 {width} {height}" style="display:block;margin-top:4px">'
             f'<rect width="{width}" height="{plot_h + 2 * pad}" fill="#fafafa" stroke="#ddd"/>'
             + "".join(lines)
             + f'<text x="2" y="{height - 4}" font-size="10" font-family="system-ui,sans-serif">'
-            + "".join(legend) + f'· {html.escape(fmt_seconds(span))}</text></svg>')
+            + "".join(legend) + f'· {html.escape(fmt(t1 - t0, "s"))}</text></svg>')

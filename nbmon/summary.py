@@ -11,7 +11,8 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any
 
-from .format import fmt_mib, fmt_percent, fmt_plain, fmt_seconds, fmt_signed_mib
+from .catalog import unit_of
+from .format import fmt
 from .values import known
 
 
@@ -99,23 +100,26 @@ class ResourceSummary:
 
     # -- for humans ------------------------------------------------------
     def rows(self) -> list[tuple[str, str]]:
+        """(title, text) pairs: every figure through :func:`nbmon.format.fmt`
+        in its catalog column's unit, as the live meter shows it."""
         exact = {True: " (exact)", False: " (sampled)", None: ""}[self.peak_rss_exact]
+        mib, pct = unit_of("proc_rss_mb"), unit_of("proc_cpu_percent")
         rows = [
-            ("Duration", fmt_seconds(self.duration_sec)),
-            ("Peak RSS" + exact, fmt_mib(self.peak_rss_mb)),
-            ("RSS growth", fmt_signed_mib(self.memory_growth_mb)),
-            ("Mean RSS", fmt_mib(self.mean_rss_mb)),
+            ("Duration", fmt(self.duration_sec, "s")),
+            ("Peak RSS" + exact, fmt(self.peak_rss_mb, unit_of("proc_rss_peak_mb"))),
+            ("RSS growth", fmt(self.memory_growth_mb, mib, signed=True)),
+            ("Mean RSS", fmt(self.mean_rss_mb, mib)),
         ]
         if self.mean_cpu_percent is not None:
-            rows.append(("CPU mean / peak", f"{fmt_percent(self.mean_cpu_percent)} / "
-                                            f"{fmt_percent(self.peak_cpu_percent)}"))
+            rows.append(("CPU mean / peak", f"{fmt(self.mean_cpu_percent, pct)} / "
+                                            f"{fmt(self.peak_cpu_percent, pct)}"))
         if self.peak_gpu_mem_mb is not None:
-            rows.append(("GPU util mean", fmt_percent(self.mean_gpu_util)))
-            rows.append(("GPU memory peak (device)", fmt_mib(self.peak_gpu_mem_mb)))
-            rows.append(("GPU memory peak (this tree)", fmt_mib(self.peak_proc_gpu_mem_mb)))
+            rows.append(("GPU util mean", fmt(self.mean_gpu_util, unit_of("gpu_util_percent"))))
+            rows.append(("GPU memory peak (device)", fmt(self.peak_gpu_mem_mb, unit_of("gpu_mem_used_mb"))))
+            rows.append(("GPU memory peak (this tree)", fmt(self.peak_proc_gpu_mem_mb, unit_of("gpu_proc_mem_mb"))))
         if self.mean_gpu_power_w is not None:
-            rows.append(("GPU power mean", fmt_plain(self.mean_gpu_power_w, " W")))
-        rows.append(("Samples", str(self.num_samples)))
+            rows.append(("GPU power mean", fmt(self.mean_gpu_power_w, unit_of("gpu_power_w"))))
+        rows.append(("Samples", fmt(self.num_samples, "")))
         return rows
 
     def __str__(self) -> str:

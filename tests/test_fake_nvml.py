@@ -173,6 +173,7 @@ QUERIES = {
     "memory": _per_handle(pynvml.nvmlDeviceGetMemoryInfo),
     "temp": _per_handle(lambda h: pynvml.nvmlDeviceGetTemperature(
         h, pynvml.NVML_TEMPERATURE_GPU)),
+    "fan": _per_handle(pynvml.nvmlDeviceGetFanSpeed),
     "power": _per_handle(pynvml.nvmlDeviceGetPowerUsage),
     "power_limit": _per_handle(pynvml.nvmlDeviceGetEnforcedPowerLimit),
     "clock_sm": _per_handle(lambda h: pynvml.nvmlDeviceGetClockInfo(

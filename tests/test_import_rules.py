@@ -13,13 +13,36 @@ import pytest
 import nbmon
 
 PACKAGE = Path(nbmon.__file__).parent
-MODULES = sorted(p.stem for p in PACKAGE.glob("*.py"))
 
-# procsampler (the helper-process sampler, added after the layer list was
-# written) reads the same sources as the sampler and is monitor's backend.
-LAYERS = ("render", "procfs", "proctree", "system", "nvml", "sampler", "procsampler", "store", "summary",
-          "senders", "export", "monitor", "frames", "meter", "live", "session", "resources",
-          "system_monitor", "magics", "cli", "demo")
+
+def dotted(path: Path) -> str:
+    """'sources.proctree' for nbmon/sources/proctree.py, 'sources' for its __init__.py."""
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts) or "__init__"
+
+
+MODULES = sorted(dotted(p) for p in PACKAGE.rglob("*.py"))
+
+# Data flows one way: sources -> sampler -> store -> consumers -> outer
+# layers. A module may import only modules listed before it.
+LAYERS = (
+    "values", "catalog", "options", "format", "render", "faults",
+    "sources.procfs", "sources.peaks", "sources.proctree", "sources.machine", "sources.cgroup",
+    "sources.nvml", "sources",
+    "sampler", "helper", "store", "summary", "senders", "consumers", "tables", "monitor",
+    "notebook.frames", "notebook.charts", "notebook.meter", "notebook.dashboard", "notebook.session",
+    "compat.calibrax", "compat.scaffold", "compat",
+    "notebook.magics", "notebook",
+    "cli", "demo",
+)
+# What each package may reach outside itself.
+PACKAGE_MAY_IMPORT = {
+    "sources": {"values", "catalog", "options", "faults"},
+    "notebook": None,   # anything before it in LAYERS but compat
+    "compat": None,     # anything before it in LAYERS but notebook
+}
 
 HEAVY = ("IPython", "plotly", "pandas", "pynvml")
 
@@ -56,16 +79,33 @@ class Import:
 
     def __repr__(self) -> str:
         where = "in a function" if self.in_function else "at module level"
-        return f"nbmon/{self.module}.py:{self.line} imports {self.target} {where}"
+        return f"nbmon {self.module}:{self.line} imports {self.target} {where}"
+
+
+def path_of(module: str) -> Path:
+    if module == "__init__":
+        return PACKAGE / "__init__.py"
+    base = PACKAGE.joinpath(*module.split("."))
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
 
 
 def imports_of(module: str, source: str | None = None) -> list[Import]:
-    """Every import in nbmon/<module>.py with its absolute target ('nbmon.x' for
-    the package's own modules), and whether it sits inside a function."""
+    """Every import in nbmon's ``module`` (dotted, e.g. 'sources.proctree')
+    with its absolute target ('nbmon.x.y' for the package's own modules),
+    and whether it sits inside a function."""
     if source is None:
-        source = (PACKAGE / f"{module}.py").read_text()
+        source = path_of(module).read_text()
     tree = ast.parse(source, filename=f"{module}.py")
     found: list[Import] = []
+    # The package a relative import starts from: a package's __init__ is its own.
+    is_package = module == "__init__" or (module in MODULES and path_of(module).name == "__init__.py")
+    here = ["nbmon"] + ([] if module == "__init__" else module.split("."))
+    if not is_package:
+        here = here[:-1]
+
+    def resolve(level: int, name: str | None) -> str:
+        base = here[:len(here) - (level - 1)]
+        return ".".join(base + ([name] if name else []))
 
     def visit(node, in_function: bool):
         for child in ast.iter_child_nodes(node):
@@ -73,11 +113,12 @@ def imports_of(module: str, source: str | None = None) -> list[Import]:
             if isinstance(child, ast.Import):
                 found.extend(Import(module, a.name, child.lineno, in_function) for a in child.names)
             elif isinstance(child, ast.ImportFrom):
-                if child.level:  # relative: from . import x / from .x import y
+                if child.level:  # relative: from . import x / from .x import y / from .. import z
                     if child.module:
-                        found.append(Import(module, f"nbmon.{child.module}", child.lineno, in_function))
+                        found.append(Import(module, resolve(child.level, child.module), child.lineno,
+                                            in_function))
                     else:
-                        found.extend(Import(module, f"nbmon.{a.name}", child.lineno, in_function)
+                        found.extend(Import(module, resolve(child.level, a.name), child.lineno, in_function)
                                      for a in child.names)
                 elif child.module == "nbmon":
                     found.extend(Import(module, f"nbmon.{a.name}", child.lineno, in_function)
@@ -99,6 +140,7 @@ def test_the_checker_on_known_source():
         "from . import nvml\n"
         "from .store import Store\n"
         "from nbmon import live\n"
+        "from .. import catalog\n"
         "class A:\n"
         "    import plotly.graph_objects\n"
         "    def f(self):\n"
@@ -106,22 +148,34 @@ def test_the_checker_on_known_source():
         "            from IPython.display import HTML\n"
         "async def g():\n"
         "    import pandas\n")
-    got = [(i.target, i.line, i.in_function) for i in imports_of("x", source)]
-    assert got == [("pandas", 1, False), ("nbmon.sources.nvml", 2, False), ("nbmon.store", 3, False),
-                   ("nbmon.notebook.dashboard", 4, False), ("plotly.graph_objects", 6, False),
-                   ("IPython.display", 9, True), ("pandas", 11, True)]
+    got = [(i.target, i.line, i.in_function) for i in imports_of("sources.x", source)]
+    assert got == [("pandas", 1, False), ("nbmon.sources.nvml", 2, False), ("nbmon.sources.store", 3, False),
+                   ("nbmon.live", 4, False), ("nbmon.catalog", 5, False), ("plotly.graph_objects", 7, False),
+                   ("IPython.display", 10, True), ("pandas", 12, True)]
 
 
 def test_the_checker_sees_imports():
     # Guard against a checker that silently finds nothing.
     targets = {i.target for i in ALL_IMPORTS["monitor"]}
-    assert {"nbmon.sources.nvml", "nbmon.sources.proctree", "nbmon.sampler", "threading"} <= targets
-    assert any(i.target == "pynvml" and i.in_function for i in ALL_IMPORTS["nvml"])
+    assert {"nbmon.sources", "nbmon.sampler", "nbmon.store", "threading"} <= targets
+    assert any(i.target == "pynvml" and i.in_function for i in ALL_IMPORTS["sources.nvml"])
     assert any(i.target == "nbmon.notebook.magics" and i.in_function for i in ALL_IMPORTS["__init__"])
+    assert "nbmon.catalog" in {i.target for i in ALL_IMPORTS["sources.proctree"]}
 
 
-@pytest.mark.parametrize("library, owner", [("IPython", "magics"), ("plotly", "live"),
-                                            ("pynvml", "nvml")])
+def own_module(target: str) -> str | None:
+    """The LAYERS name of an import of nbmon's own code ('nbmon.sources.nvml' ->
+    'sources.nvml'; 'nbmon.sources.nvml.init' -> 'sources.nvml'), None otherwise."""
+    if not target.startswith("nbmon."):
+        return None
+    parts = target.split(".")[1:]
+    while parts and ".".join(parts) not in MODULES:
+        parts.pop()
+    return ".".join(parts) if parts else None
+
+
+@pytest.mark.parametrize("library, owner", [("IPython", "notebook.magics"), ("plotly", "notebook.dashboard"),
+                                            ("pynvml", "sources.nvml")])
 def test_heavy_library_is_imported_in_one_module_only(library, owner):
     offenders = [i for m, imps in ALL_IMPORTS.items() if m != owner for i in imps
                  if i.target == library or i.target.startswith(library + ".")]
@@ -147,8 +201,28 @@ def test_layer_order(module):
     for imp in ALL_IMPORTS[module]:
         if imp.target == "nbmon":
             offenders.append(imp)  # the package itself re-exports everything
-        elif imp.target.startswith("nbmon."):
-            target = imp.target.split(".")[1]
-            if target not in earlier:
+            continue
+        target = own_module(imp.target)
+        if imp.target.startswith("nbmon.") and (target is None or target not in earlier):
+            offenders.append(imp)
+    assert offenders == []
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGE_MAY_IMPORT))
+def test_packages_stay_in_their_lane(package):
+    """sources/ reads the machine and needs no engine; notebook/ and compat/
+    are outer layers that never import each other."""
+    allowed = PACKAGE_MAY_IMPORT[package]
+    offenders = []
+    for module, imps in ALL_IMPORTS.items():
+        if module != package and not module.startswith(package + "."):
+            continue
+        for imp in imps:
+            target = own_module(imp.target)
+            if target is None or target == package or target.startswith(package + "."):
+                continue
+            other = {"notebook": "compat", "compat": "notebook"}.get(package)
+            if (allowed is not None and target not in allowed) or \
+                    (other is not None and (target == other or target.startswith(other + "."))):
                 offenders.append(imp)
     assert offenders == []

@@ -15,21 +15,19 @@ import pytest
 import traitlets
 from comm.base_comm import BaseComm
 
-from nbmon.notebook.meter import FLOAT_TRAITS, STATUSES, Meter
+from nbmon import catalog
+from nbmon.notebook.meter import FIELDS, FLOAT_TRAITS, METRICS, SLOTS, STATUSES, Meter, MeterFeed
 
 REPO = Path(__file__).resolve().parents[1]
 
+METER_NAMES = ["proc_cpu_percent", "proc_rss_mb", "sys_mem_total_mb", "gpu_util_percent", "gpu_mem_used_mb"]
 EXPECTED_TRAITS = {
     "label": traitlets.Unicode,
     "status": traitlets.Unicode,
     "running": traitlets.Bool,
     "elapsed_s": traitlets.Float,
-    "cpu_percent": traitlets.Float,
-    "rss_mb": traitlets.Float,
-    "ram_total_mb": traitlets.Float,
-    "gpu_util_percent": traitlets.Float,
-    "gpu_mem_mb": traitlets.Float,
     "gpu_count": traitlets.Int,
+    **{name: traitlets.Float for name in METER_NAMES},
 }
 SCALARS = (traitlets.Float, traitlets.Int, traitlets.Unicode, traitlets.Bool)
 
@@ -56,16 +54,86 @@ def recorded():
     meter.close()
 
 
-def test_own_synced_traits_are_exactly_the_scalars():
+def test_own_synced_traits_are_the_scalars_and_the_static_fields():
     inherited = set(anywidget.AnyWidget.class_trait_names(sync=True))
     own = set(Meter.class_trait_names(sync=True)) - inherited
-    assert own == set(EXPECTED_TRAITS)
+    assert own == set(EXPECTED_TRAITS) | {"fields"}
     traits = Meter.class_traits(sync=True)
     for name, kind in EXPECTED_TRAITS.items():
         assert isinstance(traits[name], kind), name
         assert isinstance(traits[name], SCALARS), name
     for name in FLOAT_TRAITS:
         assert traits[name].allow_none, f"{name} must accept None for unknown"
+    assert traits["fields"].read_only
+
+
+def test_readings_are_the_catalogs_meter_metrics():
+    assert [m.name for m in METRICS] == [m.name for m in catalog.METRICS if m.meter] == METER_NAMES
+    assert FLOAT_TRAITS == ("elapsed_s", *METER_NAMES)
+    assert set(SLOTS) <= set(METER_NAMES), "a slot for a metric the catalog does not put on the meter"
+    for field, metric in zip(FIELDS, METRICS):
+        assert (field["name"], field["unit"], field["label"]) == (metric.name, metric.unit, metric.label)
+        assert field["gpu"] == (metric.source in (catalog.GPU, catalog.DEVICE))
+        bar = field["bar"]
+        assert bar is None or isinstance(bar, float) or catalog.BY_NAME[bar].meter, field
+    by_hook = {f["hook"]: f["name"] for f in FIELDS if f["hook"]}
+    # the DOM hooks tests/test_browser.py and user CSS read
+    assert by_hook == {"cpu": "proc_cpu_percent", "ram": "proc_rss_mb", "gpu": "gpu_util_percent",
+                       "gpu-mem": "gpu_mem_used_mb"}
+    assert {f["group"] for f in FIELDS} == {"cpu", "ram", "gpu"}
+
+
+def test_js_fixture_is_the_fields_python_sends():
+    # js/test/build.test.mjs renders the built meter with this file as `fields`.
+    fixture = json.loads((REPO / "js" / "test" / "meter_fields.json").read_text(encoding="utf-8"))
+    assert fixture == json.loads(json.dumps(list(FIELDS))), "regenerate js/test/meter_fields.json from FIELDS"
+
+
+def test_fields_are_sent_once_not_with_updates(recorded):
+    meter, comm = recorded
+    assert meter.fields == list(FIELDS)
+    state = meter.get_state()
+    assert state["fields"] == list(FIELDS)
+    assert len(json.dumps(state["fields"])) < 1500
+    meter.update_from({"proc_cpu_percent": 1.0, "elapsed_s": 0.5})
+    assert all("fields" not in u for u in comm.updates())
+    with pytest.raises(KeyError, match="fields"):
+        meter.update_from({"fields": []})
+    with pytest.raises(traitlets.TraitError):
+        meter.fields = []
+
+
+class FakeMonitor:
+    gpu_count = 1
+
+    def __init__(self, latest):
+        self._latest, self.now = latest, 100.0
+
+    def clock(self):
+        return self.now
+
+    def latest(self):
+        return dict(self._latest)
+
+
+def test_feed_values_come_from_the_catalog():
+    sample = {"proc_cpu_percent": 12.5, "proc_rss_mb": 1536.0, "sys_mem_total_mb": 6144.0,
+              "gpu_util_percent": math.nan, "sys_cpu_percent": 99.0}
+    meter = Meter()
+    feed = MeterFeed(meter, FakeMonitor(sample), hz=1000.0)
+    try:
+        feed.monitor.now = 102.5
+        values = feed.values()
+        assert values == {"elapsed_s": 2.5, "proc_cpu_percent": 12.5, "proc_rss_mb": 1536.0,
+                          "sys_mem_total_mb": 6144.0, "gpu_util_percent": values["gpu_util_percent"],
+                          "gpu_mem_used_mb": None}
+        assert math.isnan(values["gpu_util_percent"])
+        assert meter.gpu_count == 1
+    finally:
+        feed.finish("done")
+        meter.close()
+    assert feed.errors == 0
+    assert (meter.status, meter.running, meter.proc_rss_mb, meter.gpu_util_percent) == ("done", False, 1536.0, None)
 
 
 def test_esm_is_the_built_single_file_module():
@@ -91,7 +159,7 @@ def test_defaults_are_json_safe():
         state = {k: getattr(meter, k) for k in EXPECTED_TRAITS}
         json.dumps(state, allow_nan=False)
         assert state["status"] == "running"
-        assert state["cpu_percent"] is None
+        assert state["proc_cpu_percent"] is None
         assert state["gpu_count"] == 0
     finally:
         meter.close()
@@ -100,11 +168,11 @@ def test_defaults_are_json_safe():
 def test_update_from_maps_nan_and_inf_to_none():
     meter = Meter()
     try:
-        meter.update_from({"cpu_percent": 12.5, "rss_mb": 100.0, "gpu_mem_mb": 3.0})
-        meter.update_from({"cpu_percent": math.nan, "rss_mb": np.float64("nan"), "gpu_mem_mb": math.inf})
-        assert meter.cpu_percent is None
-        assert meter.rss_mb is None
-        assert meter.gpu_mem_mb is None
+        meter.update_from({"proc_cpu_percent": 12.5, "proc_rss_mb": 100.0, "gpu_mem_used_mb": 3.0})
+        meter.update_from({"proc_cpu_percent": math.nan, "proc_rss_mb": np.float64("nan"), "gpu_mem_used_mb": math.inf})
+        assert meter.proc_cpu_percent is None
+        assert meter.proc_rss_mb is None
+        assert meter.gpu_mem_used_mb is None
         meter.update_from({"gpu_util_percent": None, "gpu_count": math.nan})
         assert meter.gpu_util_percent is None
         assert meter.gpu_count == 0
@@ -115,8 +183,8 @@ def test_update_from_maps_nan_and_inf_to_none():
 def test_direct_assignment_of_nan_also_becomes_none():
     meter = Meter()
     try:
-        meter.cpu_percent = math.nan
-        assert meter.cpu_percent is None
+        meter.proc_cpu_percent = math.nan
+        assert meter.proc_cpu_percent is None
         meter.elapsed_s = -math.inf
         assert meter.elapsed_s is None
     finally:
@@ -128,14 +196,14 @@ def test_update_from_accepts_numpy_scalars():
     try:
         meter.update_from(
             {
-                "cpu_percent": np.float32(3.5),
-                "rss_mb": np.int64(512),
+                "proc_cpu_percent": np.float32(3.5),
+                "proc_rss_mb": np.int64(512),
                 "gpu_count": np.int64(2),
                 "running": np.bool_(False),
             }
         )
-        assert meter.cpu_percent == 3.5 and type(meter.cpu_percent) is float
-        assert meter.rss_mb == 512.0
+        assert meter.proc_cpu_percent == 3.5 and type(meter.proc_cpu_percent) is float
+        assert meter.proc_rss_mb == 512.0
         assert meter.gpu_count == 2 and type(meter.gpu_count) is int
         assert meter.running is False
     finally:
@@ -149,37 +217,45 @@ def test_update_from_sends_one_message(recorded):
         {
             "label": "cell 7",
             "elapsed_s": 1.5,
-            "cpu_percent": math.nan,
-            "rss_mb": 1536.0,
-            "ram_total_mb": 16384.0,
+            "proc_cpu_percent": math.nan,
+            "proc_rss_mb": 1536.0,
+            "sys_mem_total_mb": 16384.0,
             "gpu_util_percent": 40.0,
-            "gpu_mem_mb": 2048.0,
+            "gpu_mem_used_mb": 2048.0,
             "gpu_count": 1,
         }
     )
     updates = comm.updates()[before:]
     assert len(updates) == 1, updates
-    # cpu_percent was None before and after, so it isn't sent at all.
+    # proc_cpu_percent was None before and after, so it isn't sent at all.
     assert updates[0] == {
         "label": "cell 7",
         "elapsed_s": 1.5,
-        "rss_mb": 1536.0,
-        "ram_total_mb": 16384.0,
+        "proc_rss_mb": 1536.0,
+        "sys_mem_total_mb": 16384.0,
         "gpu_util_percent": 40.0,
-        "gpu_mem_mb": 2048.0,
+        "gpu_mem_used_mb": 2048.0,
         "gpu_count": 1,
     }
-    meter.update_from({"cpu_percent": 50.0, "rss_mb": math.nan})
-    assert comm.updates()[-1] == {"cpu_percent": 50.0, "rss_mb": None}
+    meter.update_from({"proc_cpu_percent": 50.0, "proc_rss_mb": math.nan})
+    assert comm.updates()[-1] == {"proc_cpu_percent": 50.0, "proc_rss_mb": None}
     assert len(comm.updates()) == before + 2
+
+
+def test_updates_are_tens_of_bytes(recorded):
+    meter, comm = recorded
+    meter.update_from({"elapsed_s": 0.25, **{name: 1.0 for name in METER_NAMES}, "gpu_count": 1})
+    meter.update_from({"elapsed_s": 0.5, "proc_cpu_percent": 97.8125, "proc_rss_mb": 1537.25})
+    sizes = [len(json.dumps(u)) for u in comm.updates()]
+    assert sizes[-1] < 100 and max(sizes) < 250, sizes
 
 
 def test_separate_assignments_send_separate_messages(recorded):
     # Guards the test above: the recording comm does see every update.
     meter, comm = recorded
     before = len(comm.updates())
-    meter.cpu_percent = 1.0
-    meter.rss_mb = 2.0
+    meter.proc_cpu_percent = 1.0
+    meter.proc_rss_mb = 2.0
     assert len(comm.updates()) == before + 2
 
 
@@ -206,13 +282,13 @@ def test_every_documented_status_is_accepted(status):
 
 def test_invalid_update_raises_and_changes_nothing(recorded):
     meter, comm = recorded
-    meter.update_from({"cpu_percent": 10.0, "status": "running"})
+    meter.update_from({"proc_cpu_percent": 10.0, "status": "running"})
     before = len(comm.updates())
     with pytest.raises(traitlets.TraitError):
-        meter.update_from({"cpu_percent": 20.0, "status": "exploded"})
+        meter.update_from({"proc_cpu_percent": 20.0, "status": "exploded"})
     with pytest.raises(traitlets.TraitError):
-        meter.update_from({"cpu_percent": 30.0, "rss_mb": "lots"})
-    assert meter.cpu_percent == 10.0
+        meter.update_from({"proc_cpu_percent": 30.0, "proc_rss_mb": "lots"})
+    assert meter.proc_cpu_percent == 10.0
     assert meter.status == "running"
     assert len(comm.updates()) == before
 
@@ -221,10 +297,10 @@ def test_unknown_or_private_keys_are_rejected():
     meter = Meter()
     try:
         with pytest.raises(KeyError, match="cpu"):
-            meter.update_from({"cpu": 1.0, "rss_mb": 5.0})
+            meter.update_from({"cpu": 1.0, "proc_rss_mb": 5.0})
         with pytest.raises(KeyError):
             meter.update_from({"_esm": "export default {}"})
-        assert meter.rss_mb is None
+        assert meter.proc_rss_mb is None
     finally:
         meter.close()
 

@@ -191,16 +191,21 @@ class FakeModel {
   }
 }
 
+// The Meter's `fields` as Python sends them (tests/test_meter_widget.py checks
+// that this file is nbmon.notebook.meter.FIELDS).
+const FIELDS = JSON.parse(readFileSync(join(JS_DIR, "test", "meter_fields.json"), "utf8"));
+
 const DEFAULTS = {
   label: "cell 3",
   status: "running",
   running: true,
   elapsed_s: 12.3,
-  cpu_percent: 3.14159,
-  rss_mb: 1536,
-  ram_total_mb: 6144,
+  fields: FIELDS,
+  proc_cpu_percent: 3.14159,
+  proc_rss_mb: 1536,
+  sys_mem_total_mb: 6144,
   gpu_util_percent: null,
-  gpu_mem_mb: null,
+  gpu_mem_used_mb: null,
   gpu_count: 0,
 };
 
@@ -250,14 +255,52 @@ test("built meter renders values and the documented hooks", async () => {
     assert.equal(m.q("elapsed").textContent, "12.3 s");
     assert.equal(m.q("cpu").textContent, "3.1 %");
     assert.equal(m.q("cpu").getAttribute("data-value"), "3.14159");
+    assert.equal(m.q("cpu").getAttribute("data-name"), "proc_cpu_percent");
+    assert.equal(m.q("cpu").getAttribute("title"), "CPU, process tree (100 = one core): 3.1 %");
+    assert.equal(m.el.find("data-nbmon-bar", "cpu").getAttribute("data-fraction"), String(3.14159 / 100));
     assert.equal(m.q("ram").textContent, "1.5 GiB");
+    assert.equal(m.q("ram").getAttribute("title"), "RSS, process tree: 1.5 GiB of 6.0 GiB");
     assert.equal(m.el.find("data-nbmon-bar", "ram").getAttribute("data-fraction"), "0.25");
     assert.equal(m.el.find("data-nbmon-bar", "ram").style.width, "25%");
     assert.equal(m.q("status").textContent, "running");
     assert.equal(m.el.find("data-nbmon-metric", "gpu").hidden, true);
     assert.equal(m.q("gpu").textContent, "\u2013");
     assert.equal(m.q("gpu").getAttribute("data-value"), "");
+    assert.equal(m.q("gpu-mem").getAttribute("data-name"), "gpu_mem_used_mb");
+    assert.equal(m.root.getAttribute("title"), "cell 3 \u00b7 12.3 s \u00b7 CPU 3.1 % \u00b7 RAM 1.5 GiB of 6.0 GiB \u00b7 running");
     assert.ok(m.doc.getElementById("nbmon-meter-style"), "style injected into <head>");
+  } finally {
+    m.cleanup();
+    m.restore();
+  }
+});
+
+test("every field with a hook has a value element, in catalog order, grouped", async () => {
+  const m = await mount();
+  try {
+    const hooks = [...m.el.walk()].map((n) => n.getAttribute("data-nbmon")).filter(Boolean);
+    assert.deepEqual(hooks, ["label", "elapsed", "cpu", "ram", "gpu", "gpu-mem", "status"]);
+    const groups = [...m.el.walk()].map((n) => n.getAttribute("data-nbmon-metric")).filter(Boolean);
+    assert.deepEqual(groups, ["cpu", "ram", "gpu"]);
+    const named = [...m.el.walk()].map((n) => n.getAttribute("data-name")).filter(Boolean);
+    assert.deepEqual(named, FIELDS.filter((f) => f.hook).map((f) => f.name));
+  } finally {
+    m.cleanup();
+    m.restore();
+  }
+});
+
+test("a meter field with no slot gets a group of its own", async () => {
+  const extra = { name: "gpu_power_w", unit: "W", label: "GPU power (all GPUs)", group: "gpu_power_w",
+                  hook: "gpu_power_w", key: "GPU power (all GPUs)", bar: null, gpu: true };
+  const m = await mount({ fields: [...FIELDS, extra], gpu_power_w: 250, gpu_count: 1 });
+  try {
+    const group = m.el.find("data-nbmon-metric", "gpu_power_w");
+    assert.equal(group.hidden, false);
+    assert.equal(m.q("gpu_power_w").textContent, "250 W");
+    assert.equal(m.el.find("data-nbmon-bar", "gpu_power_w"), null);
+    m.model.set("gpu_power_w", 72.45);
+    assert.equal(m.q("gpu_power_w").textContent, "72.5 W");
   } finally {
     m.cleanup();
     m.restore();
@@ -269,14 +312,23 @@ test("built meter follows model changes and status classes", async () => {
   try {
     m.model.set("gpu_count", 2);
     m.model.set("gpu_util_percent", 87.25);
-    m.model.set("gpu_mem_mb", 40960);
+    m.model.set("gpu_mem_used_mb", 40960);
     assert.equal(m.el.find("data-nbmon-metric", "gpu").hidden, false);
     assert.equal(m.q("gpu").textContent, "87.3 %");
     assert.equal(m.q("gpu-mem").textContent, "40.0 GiB");
+    assert.match(m.root.getAttribute("title"), / \u00b7 GPU\u00d72 87\.3 %, 40\.0 GiB \u00b7 /);
 
-    m.model.set("ram_total_mb", 0);
+    m.model.set("proc_cpu_percent", 99.96);
+    assert.equal(m.q("cpu").textContent, "100 %");
+    m.model.set("proc_rss_mb", 1023.96);
+    assert.equal(m.q("ram").textContent, "1.0 GiB");
+
+    m.model.set("sys_mem_total_mb", 0);
     assert.equal(m.el.find("data-nbmon-bar", "ram").parentNode.hidden, true);
-    m.model.set("rss_mb", null);
+    assert.equal(m.q("ram").getAttribute("title"), "RSS, process tree: 1.0 GiB");
+    m.model.set("sys_mem_total_mb", null);
+    assert.equal(m.el.find("data-nbmon-bar", "ram").parentNode.hidden, true);
+    m.model.set("proc_rss_mb", null);
     assert.equal(m.q("ram").textContent, "\u2013");
 
     m.model.set("status", "interrupted");
@@ -307,7 +359,7 @@ test("the ticker runs only while running, and cleanup leaves nothing behind", as
     assert.equal(m.timers.live.size, 0);
     m.model.set("running", true);
     assert.equal(m.timers.live.size, 1);
-    m.model.set("cpu_percent", 50);
+    m.model.set("proc_cpu_percent", 50);
     assert.equal(m.timers.live.size, 1, "one ticker, not one per update");
     m.model.set("running", false);
     assert.equal(m.timers.live.size, 0);

@@ -1,112 +1,86 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 
-import {
-  MISSING,
-  barFraction,
-  formatBytes,
-  formatDuration,
-  formatPercent,
-} from "../format.js";
+import { MISSING, UNITS, barFraction, fmt, isUnknown } from "../format.js";
 
-const NOT_A_READING = [NaN, null, undefined, Infinity, -Infinity, "512", true, {}, -1, -0.001, -1e9];
+// The table of cases nbmon/format.py is checked against too (tests/test_format.py).
+const CASES_PATH = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "tests", "format_cases.json");
+const CASES = JSON.parse(readFileSync(CASES_PATH, "utf8"));
+const SPECIAL = { NaN: NaN, Infinity: Infinity, "-Infinity": -Infinity };
 
-function table(fn, cases) {
-  for (const [input, expected] of cases) {
-    assert.equal(fn(input), expected, `${fn.name}(${String(input)})`);
+// "NaN"/"Infinity"/"-Infinity" are those numbers, {"str": s} is the text s;
+// anything else is itself.
+function decode(value) {
+  if (typeof value === "string") {
+    assert.ok(value in SPECIAL, `unknown special value ${value}`);
+    return SPECIAL[value];
   }
+  if (value !== null && typeof value === "object" && !Array.isArray(value)) return value.str;
+  return value;
 }
 
 test("the missing marker is an en dash", () => {
   assert.equal(MISSING, "\u2013");
 });
 
-test("formatBytes: MiB below 1024, one decimal under 100", () => {
-  table(formatBytes, [
-    [0, "0.0 MiB"],
-    [-0, "0.0 MiB"],
-    [0.04, "0.0 MiB"],
-    [0.05, "0.1 MiB"],
-    [3.14159, "3.1 MiB"],
-    [99.94, "99.9 MiB"],
-    [99.96, "100 MiB"],
-    [512, "512 MiB"],
-    [1023.4, "1023 MiB"],
-  ]);
+test("the shared table of cases (tests/format_cases.json)", () => {
+  assert.ok(CASES.length > 100);
+  const failures = [];
+  for (const c of CASES) {
+    const got = fmt(decode(c.value), c.unit, { signed: c.signed });
+    if (got !== c.text) failures.push(`fmt(${JSON.stringify(c.value)}, ${JSON.stringify(c.unit)}, signed=${c.signed}) = ${JSON.stringify(got)}, want ${JSON.stringify(c.text)}`);
+  }
+  assert.deepEqual(failures, []);
 });
 
-test("formatBytes: switches unit once the rounded value reaches 1024", () => {
-  table(formatBytes, [
-    [1023.5, "1.0 GiB"],
-    [1024, "1.0 GiB"],
-    [1536, "1.5 GiB"],
-    [10 * 1024, "10.0 GiB"],
-    [150 * 1024, "150 GiB"],
-    [1024 * 1024 - 1, "1.0 TiB"],
-    [2 ** 20, "1.0 TiB"],
-    [2 ** 30 * 2.5, "2.5 PiB"],
-    [2 ** 40, "1.0 EiB"],
-  ]);
+test("the table covers every unit fmt knows, and only those", () => {
+  assert.deepEqual(new Set(CASES.map((c) => c.unit)), new Set(UNITS));
+  for (const c of CASES) assert.deepEqual(Object.keys(c).sort(), ["signed", "text", "unit", "value"]);
 });
 
-test("formatBytes: huge values stay in EiB", () => {
-  table(formatBytes, [
-    [2 ** 50, "1024 EiB"],
-    [2 ** 40 * 123456, "123456 EiB"],
-  ]);
+test("signed defaults to false, and the options object is optional", () => {
+  assert.equal(fmt(1536, "MiB"), "1.5 GiB");
+  assert.equal(fmt(1536, "MiB", {}), "1.5 GiB");
+  assert.equal(fmt(1536, "MiB", { signed: true }), "+1.5 GiB");
 });
 
-test("formatBytes: non-readings show the dash", () => {
-  for (const x of NOT_A_READING) assert.equal(formatBytes(x), MISSING, String(x));
-  assert.equal(formatBytes(), MISSING);
+test("unknowns the JSON table cannot hold", () => {
+  for (const x of [undefined, {}, [1], () => 1, 1n, Symbol("x"), new Number(3)]) {
+    for (const unit of UNITS) assert.equal(fmt(x, unit), MISSING, `${String(typeof x)} in ${unit}`);
+  }
+  assert.equal(fmt(undefined, "s", { signed: true }), MISSING);
+  assert.ok(isUnknown(null) && isUnknown(NaN) && isUnknown("1") && isUnknown(true));
+  assert.ok(!isUnknown(0) && !isUnknown(-1.5));
 });
 
-test("formatPercent", () => {
-  table(formatPercent, [
-    [0, "0.0 %"],
-    [3.14159, "3.1 %"],
-    [50, "50.0 %"],
-    [99.94, "99.9 %"],
-    [99.96, "100 %"],
-    [100, "100 %"],
-    [250, "250 %"],
-    [1600.4, "1600 %"],
-    [1e9, "1000000000 %"],
-  ]);
-  for (const x of NOT_A_READING) assert.equal(formatPercent(x), MISSING, String(x));
+test("an unknown unit is refused", () => {
+  for (const unit of [" %", " MiB", "GiB", "ms", "percent", undefined, null]) {
+    assert.throws(() => fmt(1, unit), /unknown unit/, String(unit));
+  }
 });
 
-test("formatDuration: seconds with two, then one decimal", () => {
-  table(formatDuration, [
-    [0, "0.00 s"],
-    [0.004, "0.00 s"],
-    [0.25, "0.25 s"],
-    [1, "1.00 s"],
-    [9.994, "9.99 s"],
-    [9.996, "10.0 s"],
-    [12.3, "12.3 s"],
-    [59.94, "59.9 s"],
-  ]);
+test("text never has an exponent or a double space", () => {
+  for (const unit of UNITS) {
+    for (let exp = -12; exp < 40; exp += 3) {
+      for (const x of [10 ** exp, -(10 ** exp), 1.5 * 10 ** exp]) {
+        const text = fmt(x, unit, { signed: true });
+        assert.doesNotMatch(text.replace(/[EP]iB/, ""), /e/, `${x} ${unit}`);
+        assert.doesNotMatch(text, /  |^ | $/, `${x} ${unit}`);
+      }
+    }
+  }
 });
 
-test("formatDuration: clock from one minute, rounded to whole seconds", () => {
-  table(formatDuration, [
-    [59.96, "1:00"],
-    [60, "1:00"],
-    [75, "1:15"],
-    [75.6, "1:16"],
-    [599, "9:59"],
-    [3599.4, "59:59"],
-    [3599.6, "1:00:00"],
-    [3725, "1:02:05"],
-    [36000, "10:00:00"],
-    [90000, "25:00:00"],
-    [1e7, "2777:46:40"],
-  ]);
-});
-
-test("formatDuration: non-readings show the dash", () => {
-  for (const x of NOT_A_READING) assert.equal(formatDuration(x), MISSING, String(x));
+test("magnitude is decided after rounding, across each boundary", () => {
+  for (let i = -200; i < 200; i++) {
+    assert.ok(["99.9 %", "100 %"].includes(fmt(99.95 + i * 1e-4, "%")));
+    assert.ok(["1023 MiB", "1.0 GiB"].includes(fmt(1023.5 + i * 1e-3, "MiB")));
+    assert.ok(["9.99 s", "10.0 s"].includes(fmt(9.995 + i * 1e-5, "s")));
+    assert.ok(["59.9 s", "1:00"].includes(fmt(59.95 + i * 1e-4, "s")));
+  }
 });
 
 test("barFraction: clamped ratio", () => {
@@ -126,11 +100,4 @@ test("barFraction: unknown value or unusable max gives 0", () => {
     assert.equal(barFraction(50, max), 0, String(max));
   }
   assert.equal(barFraction(NaN, NaN), 0);
-});
-
-test("formatters agree with each other on precision", () => {
-  // Same number, same digits: bytes and percent share the magnitude rule.
-  for (const x of [0, 1.25, 42.42, 99.94, 99.96, 512, 1000]) {
-    assert.equal(formatBytes(x).replace(" MiB", ""), formatPercent(x).replace(" %", ""), String(x));
-  }
 });

@@ -72,5 +72,5 @@ def svg_record_timeline(store, t_from: float = -math.inf) -> str:
     wanted = [row for row in ROWS if row.headline in store.columns]
     t, _wall, values = store.series([row.headline for row in wanted], t_from=t_from)
     t, peaks = bucket_max(t, values, TIMELINE_POINTS)
-    return svg_timeline(t, {row.short: (peaks[row.headline], f" {catalog.unit_of(row.headline)}")
+    return svg_timeline(t, {row.short: (peaks[row.headline], catalog.unit_of(row.headline))
                             for row in wanted})

@@ -27,7 +27,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .. import catalog
-from ..format import fmt_mib, fmt_plain
+from ..format import fmt
 from .charts import ROW_PX, svg_record_timeline, traces_for
 from .frames import DEFAULT_BUDGET, build_frame, frame_bytes
 
@@ -173,11 +173,11 @@ class Dashboard:
         return FigureWidget(fig)
 
     def _title(self, latest: dict) -> str:
-        parts = [f"CPU {fmt_plain(latest.get('proc_cpu_percent', math.nan), ' %')}",
-                 f"RSS {fmt_mib(latest.get('proc_rss_mb', math.nan))}"]
+        parts = [f"CPU {fmt(latest.get('proc_cpu_percent'), '%')}",
+                 f"RSS {fmt(latest.get('proc_rss_mb'), 'MiB')}"]
         if "gpu_util_percent" in latest:
-            parts.append(f"GPU {fmt_plain(latest.get('gpu_util_percent', math.nan), ' %')}")
-            parts.append(f"GPU mem {fmt_mib(latest.get('gpu_mem_used_mb', math.nan))}")
+            parts.append(f"GPU {fmt(latest.get('gpu_util_percent'), '%')}")
+            parts.append(f"GPU mem {fmt(latest.get('gpu_mem_used_mb'), 'MiB')}")
         text = " · ".join(parts)
         return text + " · stopped" if self.frozen else text
 

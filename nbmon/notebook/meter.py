@@ -1,5 +1,13 @@
 """Compact one-line live meter for a cell: an anywidget over nbmon/notebook/static/meter.js.
-Unknown readings are None (JSON has no NaN); the front end shows them as "–"."""
+
+Its readings are the catalog's metrics with ``meter=True``, one synced float
+trait each, named as the catalog names them (units in the names:
+``proc_rss_mb`` is MiB). ``fields`` tells the front end, once, each
+metric's unit and label and where it goes, so every number is shown by
+js/format.js's ``fmt`` in the metric's catalog unit, the same rules the
+static summary uses (nbmon/format.py). Unknown readings are None (JSON has
+no NaN); the front end shows them as "–".
+"""
 
 from __future__ import annotations
 
@@ -7,32 +15,67 @@ import math
 import numbers
 import pathlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anywidget
 import traitlets as t
 
+from .. import catalog
 from ..values import known
 
 STATUSES = ("running", "done", "failed", "interrupted")
 
-FLOAT_TRAITS = (
-    "elapsed_s",
-    "cpu_percent",
-    "rss_mb",
-    "ram_total_mb",
-    "gpu_util_percent",
-    "gpu_mem_mb",
-)
+# The catalog's meter metrics, in catalog order.
+METRICS: tuple[catalog.Metric, ...] = tuple(m for m in catalog.METRICS if m.meter)
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Where the meter shows a metric. ``group`` is its [data-nbmon-metric]
+    (and its bar's [data-nbmon-bar]); ``hook`` the [data-nbmon] of its number
+    (None: not shown as a number, e.g. a bar's maximum); ``key`` the group's
+    short name; ``bar`` the full scale of the group's bar: a number, or the
+    name of the metric whose value is the maximum (None: no bar)."""
+
+    group: str
+    hook: str | None = None
+    key: str = ""
+    bar: float | str | None = None
+
+
+SLOTS: dict[str, Slot] = {
+    # 100 = one core; several cores show a full bar and the number
+    "proc_cpu_percent": Slot("cpu", "cpu", "CPU", 100.0),
+    "proc_rss_mb": Slot("ram", "ram", "RAM", "sys_mem_total_mb"),
+    "sys_mem_total_mb": Slot("ram"),
+    "gpu_util_percent": Slot("gpu", "gpu", "GPU", 100.0),
+    "gpu_mem_used_mb": Slot("gpu", "gpu-mem"),
+}
+
+
+def _slot(metric: catalog.Metric) -> Slot:
+    # A meter metric with no slot above gets a group of its own.
+    return SLOTS.get(metric.name) or Slot(metric.name, metric.name, metric.label)
+
+
+# Sent to the front end once, with the widget; never changes.
+FIELDS: tuple[dict[str, Any], ...] = tuple(
+    {"name": m.name, "unit": m.unit, "label": m.label, "group": _slot(m).group, "hook": _slot(m).hook,
+     "key": _slot(m).key, "bar": _slot(m).bar, "gpu": m.source in (catalog.GPU, catalog.DEVICE)}
+    for m in METRICS)
+
+FLOAT_TRAITS = ("elapsed_s", *(m.name for m in METRICS))
 
 
 class Meter(anywidget.AnyWidget):
     """Live meter for one cell.
 
-    Only scalars are synced, so each update is a few dozen bytes. Memory is in
-    MiB, CPU and GPU utilisation in percent (CPU may exceed 100 on several
-    cores). A finished status ("done", "failed", "interrupted") also clears
-    ``running``, so a meter can't keep ticking after its cell ended.
+    Only scalars change, so each update is a few dozen bytes: ``elapsed_s``
+    and one float per catalog meter metric (``proc_cpu_percent``,
+    ``proc_rss_mb``, ...), in the catalog's units. ``fields`` (static) says
+    how to show them. A finished status ("done", "failed", "interrupted")
+    also clears ``running``, so a meter can't keep ticking after its cell ended.
     """
 
     # Built by js/build.mjs; shipped in the wheel so users need no node. The
@@ -44,14 +87,14 @@ class Meter(anywidget.AnyWidget):
     status = t.Unicode("running").tag(sync=True)
     running = t.Bool(True).tag(sync=True)
     elapsed_s = t.Float(0.0, allow_none=True).tag(sync=True)
-    cpu_percent = t.Float(None, allow_none=True).tag(sync=True)
-    rss_mb = t.Float(None, allow_none=True).tag(sync=True)
-    # 0 or None: total unknown, the RAM bar is hidden and only the number shown.
-    ram_total_mb = t.Float(None, allow_none=True).tag(sync=True)
-    gpu_util_percent = t.Float(None, allow_none=True).tag(sync=True)
-    gpu_mem_mb = t.Float(None, allow_none=True).tag(sync=True)
-    # 0 hides the GPU part of the meter.
+    # 0 hides the GPU metrics.
     gpu_count = t.Int(0).tag(sync=True)
+    fields = t.List(t.Dict(), default_value=list(FIELDS), read_only=True).tag(sync=True)
+
+    # One trait per catalog meter metric (a None or 0 bar maximum hides that bar).
+    for _metric in METRICS:
+        vars()[_metric.name] = t.Float(None, allow_none=True).tag(sync=True)
+    del _metric
 
     @t.validate(*FLOAT_TRAITS)
     def _nan_to_none(self, proposal: t.Bunch) -> float | None:
@@ -73,11 +116,12 @@ class Meter(anywidget.AnyWidget):
         """Set several traits at once, sent to the front end as one message.
 
         Keys are trait names; NaN, inf and None become None (gpu_count: 0).
-        Numpy scalars are accepted. Unknown keys raise KeyError before anything
-        is set; an invalid value raises TraitError and leaves the meter as it was.
+        Numpy scalars are accepted. Unknown keys (and ``fields``, which is
+        fixed) raise KeyError before anything is set; an invalid value raises
+        TraitError and leaves the meter as it was.
         """
         unknown = set(values) - set(self.class_trait_names(sync=True))
-        unknown |= {k for k in values if k.startswith("_")}
+        unknown |= {k for k in values if k.startswith("_") or k == "fields"}
         if unknown:
             raise KeyError(f"Meter has no trait(s) {sorted(unknown)}")
         coerced: dict[str, Any] = {}
@@ -118,15 +162,11 @@ class MeterFeed:
         self._thread.start()
 
     def values(self) -> dict[str, Any]:
+        """elapsed_s and the newest sample's value of each meter metric (None
+        where the sample has none: no GPU, a failed source)."""
         latest = self.monitor.latest()
-        return {
-            "elapsed_s": self.monitor.clock() - self.t0,
-            "cpu_percent": latest.get("proc_cpu_percent"),
-            "rss_mb": latest.get("proc_rss_mb"),
-            "ram_total_mb": latest.get("sys_mem_total_mb"),
-            "gpu_util_percent": latest.get("gpu_util_percent"),
-            "gpu_mem_mb": latest.get("gpu_mem_used_mb"),
-        }
+        return {"elapsed_s": self.monitor.clock() - self.t0,
+                **{m.name: latest.get(m.name) for m in METRICS}}
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):

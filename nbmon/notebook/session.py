@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-from ..format import fmt_mib, fmt_percent, fmt_seconds
+from ..format import fmt
 from ..monitor import Monitor
 from ..options import Options
 from ..render import html_table
@@ -109,7 +109,7 @@ def cell_html(record: dict, monitor: Monitor | None) -> str:
 
 def one_line(record: dict) -> str:
     s: ResourceSummary = record["summary"]
-    return (f"nbmon: {fmt_seconds(s.duration_sec)} · peak RSS {fmt_mib(s.peak_rss_mb)} · "
-            f"CPU {fmt_percent(s.mean_cpu_percent)}"
-            + (f" · GPU {fmt_percent(s.mean_gpu_util)}" if s.mean_gpu_util is not None else "")
+    return (f"nbmon: {fmt(s.duration_sec, 's')} · peak RSS {fmt(s.peak_rss_mb, 'MiB')} · "
+            f"CPU {fmt(s.mean_cpu_percent, '%')}"
+            + (f" · GPU {fmt(s.mean_gpu_util, '%')}" if s.mean_gpu_util is not None else "")
             + ("" if record["status"] == "ok" else f" · {record['status']}"))

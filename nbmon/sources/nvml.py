@@ -120,6 +120,7 @@ QUERIES = {
     "utilization": _utilization,
     "memory": _memory,
     "temperature": lambda nv, h: {"temp_c": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)},
+    "fan": lambda nv, h: {"fan_percent": nv.nvmlDeviceGetFanSpeed(h)},
     "power": lambda nv, h: {"power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0},
     "power_limit": lambda nv, h: {"power_limit_w": nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0},
     "sm_clock": lambda nv, h: {"sm_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)},

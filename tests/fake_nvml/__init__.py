@@ -61,7 +61,7 @@ _TEXT_MAX = 95  # NVML_DEVICE_NAME_V2_BUFFER_SIZE - 1
 NUMERIC_DEVICE_KEYS = (
     "util_gpu", "util_mem",
     "mem_total", "mem_used", "mem_free", "mem_reserved",
-    "temp",
+    "temp", "fan",
     "power_mw", "power_limit_mw", "power_mgmt_limit_mw",
     "sm_clock", "mem_clock", "graphics_clock",
 )
@@ -77,13 +77,14 @@ DEVICE_KEYS = NUMERIC_DEVICE_KEYS + TEXT_DEVICE_KEYS
 #:   util           nvmlDeviceGetUtilizationRates
 #:   memory         nvmlDeviceGetMemoryInfo(_v2)
 #:   temp           nvmlDeviceGetTemperature
+#:   fan            nvmlDeviceGetFanSpeed
 #:   power          nvmlDeviceGetPowerUsage
 #:   power_limit    nvmlDeviceGetEnforcedPowerLimit and ...PowerManagementLimit
 #:   clock_sm, clock_mem, clock_graphics   nvmlDeviceGetClockInfo per type
 #:   procs          nvmlDeviceGetComputeRunningProcesses_v2/_v3
 #:   graphics_procs nvmlDeviceGetGraphicsRunningProcesses_v2/_v3
 DEVICE_ERROR_FIELDS = (
-    "handle", "name", "uuid", "util", "memory", "temp", "power",
+    "handle", "name", "uuid", "util", "memory", "temp", "fan", "power",
     "power_limit", "clock_sm", "clock_mem", "clock_graphics", "procs",
     "graphics_procs", "all",
 )

@@ -117,12 +117,12 @@ static int initialized(void)
 
 /* Per-device error fields, in the order of field_names[]. */
 enum field {
-    F_HANDLE, F_NAME, F_UUID, F_UTIL, F_MEMORY, F_TEMP, F_POWER,
+    F_HANDLE, F_NAME, F_UUID, F_UTIL, F_MEMORY, F_TEMP, F_FAN, F_POWER,
     F_POWER_LIMIT, F_CLOCK_SM, F_CLOCK_MEM, F_CLOCK_GRAPHICS, F_PROCS,
     F_GRAPHICS_PROCS, F_ALL, N_FIELDS
 };
 static const char *const field_names[N_FIELDS] = {
-    "handle", "name", "uuid", "util", "memory", "temp", "power",
+    "handle", "name", "uuid", "util", "memory", "temp", "fan", "power",
     "power_limit", "clock_sm", "clock_mem", "clock_graphics", "procs",
     "graphics_procs", "all",
 };
@@ -131,12 +131,12 @@ static const char *const field_names[N_FIELDS] = {
  * "not given", which lets a few fields default from others. */
 enum dev_key {
     K_UTIL_GPU, K_UTIL_MEM, K_MEM_TOTAL, K_MEM_USED, K_MEM_FREE,
-    K_MEM_RESERVED, K_TEMP, K_POWER_MW, K_POWER_LIMIT_MW,
+    K_MEM_RESERVED, K_TEMP, K_FAN, K_POWER_MW, K_POWER_LIMIT_MW,
     K_POWER_MGMT_LIMIT_MW, K_SM_CLOCK, K_MEM_CLOCK, K_GRAPHICS_CLOCK, N_KEYS
 };
 static const char *const dev_keys[N_KEYS] = {
     "util_gpu", "util_mem", "mem_total", "mem_used", "mem_free",
-    "mem_reserved", "temp", "power_mw", "power_limit_mw",
+    "mem_reserved", "temp", "fan", "power_mw", "power_limit_mw",
     "power_mgmt_limit_mw", "sm_clock", "mem_clock", "graphics_clock",
 };
 
@@ -561,6 +561,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
     if (sensorType != NVML_TEMPERATURE_GPU || !temp)
         return NVML_ERROR_INVALID_ARGUMENT;
     *temp = (unsigned)dev_val(d, K_TEMP, 0);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device,
+                                          unsigned int *speed)
+{
+    AUTO_CFG *c;
+    const struct dev *d;
+    nvmlReturn_t rc = begin_dev(device, F_FAN, &c, &d);
+    if (rc)
+        return rc;
+    if (!speed)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *speed = (unsigned)dev_val(d, K_FAN, 0);
     return NVML_SUCCESS;
 }
 

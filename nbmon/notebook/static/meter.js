@@ -2,78 +2,101 @@
 // edit the sources and run `node js/build.mjs`.
 
 // ---- format.js ----
-// Display formatters for the nbmon meter. Pure functions, no DOM.
+// Numbers with units, as text for humans: the cell meter's copy of the rules in
+// nbmon/format.py. Pure functions, no DOM. Both are checked against the same
+// table of cases, tests/format_cases.json, so the live meter and the static
+// record that replaces it always agree.
 //
-// Shared conventions, so that numbers in the meter keep a steady width:
-//   * Anything that is not a finite number (NaN, null, undefined, ±Infinity,
-//     strings, booleans) is shown as "–" (U+2013 EN DASH). Python sends None
-//     for "unknown", which arrives here as null.
-//   * Negative readings are never real (memory, load and elapsed time cannot be
-//     below zero; -1 is a common "unknown" sentinel), so they also show "–".
-//   * Magnitudes below 100 get one decimal, 100 and above are whole numbers;
-//     rounding happens before the unit/precision is chosen, so 99.96 becomes
-//     "100", never "100.0".
-//   * Number and unit are separated by a plain space.
-//
-// formatBytes(mib)      MiB in. Binary units MiB, GiB, TiB, PiB, EiB; the next
-//                       unit is used once the rounded value reaches 1024.
-//                       0 -> "0.0 MiB", 512 -> "512 MiB", 1023.6 -> "1.0 GiB",
-//                       1536 -> "1.5 GiB", 153600 -> "150 GiB".
-// formatPercent(p)      3.14159 -> "3.1 %", 99.96 -> "100 %", 250 -> "250 %".
-//                       Not capped: a process using several cores exceeds 100.
-// formatDuration(s)     below 10 s two decimals ("0.25 s", "9.99 s"), below
-//                       60 s one decimal ("12.3 s"), then a clock rounded to
-//                       whole seconds: "m:ss" ("1:15") and from one hour
-//                       "h:mm:ss" ("1:02:05"); hours are not wrapped into days.
-// barFraction(v, max)   v / max clamped to [0, 1]; 0 when v is not a number or
-//                       max is not a finite positive number.
+// fmt(value, unit, {signed})   unit is a catalog unit: "%", "MiB", "s", "B",
+//                              "B/s", "W", "MHz", "°C", "CPUs", or "" for a
+//                              count; any other unit throws.
+//   * Unknown (null, undefined, NaN, ±Infinity, booleans, strings, anything
+//     not a number): "–" (U+2013). Python sends None, which arrives as null.
+//   * Magnitude: one decimal below 100, whole numbers from 100 on, decided
+//     after rounding (99.96 -> "100"); number and unit apart by one space.
+//   * Rounding is half away from zero on the exact binary value (toFixed's
+//     rule; nbmon/format.py does the same with Decimal).
+//   * "MiB", "B", "B/s": binary units B, KiB, MiB, GiB, TiB, PiB, EiB (MiB
+//     starts at MiB), the next one once the rounded value reaches 1024:
+//     512 -> "512 MiB", 1023.96 -> "1.0 GiB", 1536 -> "1.5 GiB".
+//   * "s": below 10 s two decimals ("0.25 s"), below 60 s one ("12.3 s"),
+//     then a clock rounded to whole seconds: "m:ss" ("1:15"), from one hour
+//     "h:mm:ss" ("1:02:05"); hours are not wrapped into days.
+//   * "" and "CPUs" (counts): whole numbers without decimals ("12", "2 CPUs"),
+//     others by the magnitude rule ("0.5", "2.5 CPUs").
+//   * "W", "MHz", "°C", "%": the magnitude rule ("250 W", "65.0 °C", "3.1 %";
+//     percentages are not capped: "250 %").
+//   * Negatives keep their minus sign, signed or not ("-12.3 MiB"); signed
+//     adds "+" to zero and positives ("+1.5 GiB", "+0.0 MiB"). A value that
+//     rounds to zero has no minus sign.
+// barFraction(v, max)          v / max clamped to [0, 1]; 0 when v is not a
+//                              number or max is not a finite positive number.
 
 const MISSING = "\u2013";
+const UNITS = ["%", "MiB", "s", "B", "B/s", "W", "MHz", "\u00b0C", "CPUs", ""];
 
-const BYTE_UNITS = ["MiB", "GiB", "TiB", "PiB", "EiB"];
+const BINARY = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+const BINARY_START = { B: 0, "B/s": 0, MiB: 2 };
+const COUNTS = ["", "CPUs"]; // whole numbers without decimals
+const EXACT = 2 ** 53; // from here on every double is a whole number
 
-function isReading(x) {
-  return typeof x === "number" && Number.isFinite(x) && x >= 0;
+function isUnknown(x) {
+  return typeof x !== "number" || !Number.isFinite(x);
 }
 
-// One decimal below 100, whole numbers from 100 on (after rounding).
-// Decides on the rounded text itself so the boundary can't disagree with it.
+// x (>= 0) with `places` decimals, half away from zero on its exact value;
+// no exponent form for huge numbers (toFixed switches to it at 1e21).
+function fixed(x, places) {
+  if (x >= EXACT) return BigInt(x).toString() + (places ? "." + "0".repeat(places) : "");
+  return x.toFixed(places);
+}
+
 function magnitude(x) {
-  const oneDecimal = x.toFixed(1);
-  return Number(oneDecimal) < 100 ? oneDecimal : Math.round(x).toFixed(0);
+  const one = fixed(x, 1);
+  return Number(one) < 100 ? one : fixed(x, 0);
 }
 
-function formatBytes(mib) {
-  if (!isReading(mib)) return MISSING;
-  let value = mib;
-  let unit = 0;
-  while (Math.round(value) >= 1024 && unit < BYTE_UNITS.length - 1) {
-    value /= 1024;
-    unit += 1;
+function binary(x, step) {
+  while (step < BINARY.length - 1 && Number(fixed(x, 0)) >= 1024) {
+    x /= 1024;
+    step += 1;
   }
-  return `${magnitude(value)} ${BYTE_UNITS[unit]}`;
-}
-
-function formatPercent(p) {
-  if (!isReading(p)) return MISSING;
-  return `${magnitude(p)} %`;
+  return `${magnitude(x)} ${BINARY[step]}`;
 }
 
 function pad2(n) {
-  return n < 10 ? `0${n}` : `${n}`;
+  return n < 10n ? `0${n}` : `${n}`;
 }
 
-function formatDuration(seconds) {
-  if (!isReading(seconds)) return MISSING;
-  const twoDecimals = seconds.toFixed(2);
-  if (Number(twoDecimals) < 10) return `${twoDecimals} s`;
-  const oneDecimal = seconds.toFixed(1);
-  if (Number(oneDecimal) < 60) return `${oneDecimal} s`;
-  const total = Math.round(seconds);
-  const h = Math.floor(total / 3600);
-  const m = Math.floor((total % 3600) / 60);
-  const s = total % 60;
-  return h > 0 ? `${h}:${pad2(m)}:${pad2(s)}` : `${m}:${pad2(s)}`;
+function duration(x) {
+  const two = fixed(x, 2);
+  if (Number(two) < 10) return `${two} s`;
+  const one = fixed(x, 1);
+  if (Number(one) < 60) return `${one} s`;
+  const total = BigInt(fixed(x, 0)); // exact, however large
+  const hours = total / 3600n;
+  const minutes = (total % 3600n) / 60n;
+  const seconds = total % 60n;
+  return hours > 0n ? `${hours}:${pad2(minutes)}:${pad2(seconds)}` : `${minutes}:${pad2(seconds)}`;
+}
+
+function roundsToZero(text) {
+  return /^[0.:]+$/.test(text.split(" ", 1)[0]);
+}
+
+function fmt(value, unit, { signed = false } = {}) {
+  if (!UNITS.includes(unit)) {
+    throw new Error(`unknown unit ${JSON.stringify(unit)}; expected one of ${UNITS.map((u) => JSON.stringify(u)).join(", ")}`);
+  }
+  if (isUnknown(value)) return MISSING;
+  const x = Math.abs(value);
+  let text;
+  if (unit === "s") text = duration(x);
+  else if (unit in BINARY_START) text = binary(x, BINARY_START[unit]) + (unit === "B/s" ? "/s" : "");
+  else if (COUNTS.includes(unit) && Number.isInteger(x)) text = fixed(x, 0) + (unit === "" ? "" : ` ${unit}`);
+  else text = magnitude(x) + (unit === "" ? "" : ` ${unit}`);
+  if (roundsToZero(text)) return signed ? `+${text}` : text;
+  return (value < 0 ? "-" : signed ? "+" : "") + text;
 }
 
 function barFraction(value, max) {
@@ -84,23 +107,31 @@ function barFraction(value, max) {
 }
 
 // ---- meter.js ----
-// nbmon compact live meter: the anywidget front end for nbmon.meter.Meter.
+// nbmon compact live meter: the anywidget front end for nbmon.notebook.meter.Meter.
+//
+// What it shows comes from Python: the `fields` trait lists the metric catalog's
+// meter metrics ({name, unit, label, group, hook, key, bar, gpu}), each synced
+// as a float trait under its catalog name (proc_cpu_percent, proc_rss_mb, ...).
+// Every number is shown by fmt() in its metric's unit: the rules of
+// nbmon/format.py, so the meter and the cell's static summary agree.
 //
 // Stable hooks for tests and user CSS:
 //   .nbmon-meter                 root; data-status="running|done|failed|interrupted",
 //                                data-running="true|false", classes
 //                                nbmon-meter--{running,done,failed,interrupted}
 //                                ("interrupted" carries nbmon-meter--failed too).
-//   [data-nbmon="label|elapsed|cpu|ram|gpu|gpu-mem|status"]
-//                                value elements; the text is what the user sees,
-//                                data-value is the raw number ("" when unknown).
-//   [data-nbmon-metric="cpu|ram|gpu"]  one metric group; the GPU group is
-//                                [hidden] while gpu_count is 0.
-//   [data-nbmon-bar="cpu|ram|gpu"]     bar fill; data-fraction in [0, 1]. The RAM
-//                                bar is [hidden] unless ram_total_mb > 0.
+//   [data-nbmon="label|elapsed|status"] and one per field with a hook
+//                                (cpu|ram|gpu|gpu-mem): value elements; the text
+//                                is what the user sees, data-value the raw number
+//                                ("" when unknown), data-name the catalog name.
+//   [data-nbmon-metric="cpu|ram|gpu"]  one group of fields; a group of GPU
+//                                metrics is [hidden] while gpu_count is 0.
+//   [data-nbmon-bar="cpu|ram|gpu"]     bar fill; data-fraction in [0, 1]. A bar
+//                                whose maximum is a metric (RAM: sys_mem_total_mb)
+//                                is [hidden] unless that value is > 0.
 //
 // Python sends None for unknown readings; they arrive as null and show "–".
-// Built into nbmon/static/meter.js by js/build.mjs, which inlines format.js.
+// Built into nbmon/notebook/static/meter.js by js/build.mjs, which inlines format.js.
 
 
 const STYLE_ID = "nbmon-meter-style";
@@ -170,19 +201,6 @@ const CSS = `
   font-weight: 600;
 }
 `;
-
-const TRAITS = [
-  "label",
-  "status",
-  "running",
-  "elapsed_s",
-  "cpu_percent",
-  "rss_mb",
-  "ram_total_mb",
-  "gpu_util_percent",
-  "gpu_mem_mb",
-  "gpu_count",
-];
 
 const STATUS_CLASSES = {
   running: ["nbmon-meter--running"],
@@ -263,59 +281,60 @@ function setValue(node, text, raw) {
   setAttr(node, "data-value", rawValue(raw));
 }
 
+// Groups of fields in order of first appearance; a group's key and bar scale
+// are those of its first field that has one (the bar shows that field).
+function groupsOf(fields) {
+  const groups = new Map();
+  for (const field of fields) {
+    if (!groups.has(field.group)) {
+      groups.set(field.group, { name: field.group, key: "", scale: null, fields: [], gpu: true });
+    }
+    const g = groups.get(field.group);
+    g.fields.push(field);
+    g.gpu = g.gpu && Boolean(field.gpu);
+    if (!g.key && field.key) g.key = field.key;
+    if (g.scale === null && field.bar !== null && field.bar !== undefined) g.scale = { field, max: field.bar };
+  }
+  return [...groups.values()];
+}
+
 function render({ model, el }) {
   const doc = el.ownerDocument || globalThis.document;
   injectStyle(el);
 
-  const value = (name) =>
-    make(doc, "span", "nbmon-meter__value", { "data-nbmon": name, "data-value": "" });
-  const key = (text) => {
-    const node = make(doc, "span", "nbmon-meter__key");
-    node.textContent = text;
-    return node;
-  };
+  const fields = Array.isArray(model.get("fields")) ? model.get("fields") : [];
+  const unitOf = new Map(fields.map((f) => [f.name, f.unit]));
 
   const labelEl = make(doc, "span", "nbmon-meter__label", { "data-nbmon": "label" });
   const elapsedEl = make(doc, "span", "nbmon-meter__elapsed", {
     "data-nbmon": "elapsed",
     "data-value": "",
   });
-
-  const cpuBar = makeBar(doc, "cpu");
-  const cpuEl = value("cpu");
-  const cpuGroup = make(doc, "span", "nbmon-meter__metric", { "data-nbmon-metric": "cpu" }, [
-    key("CPU"),
-    cpuBar.track,
-    cpuEl,
-  ]);
-
-  const ramBar = makeBar(doc, "ram");
-  const ramEl = value("ram");
-  const ramGroup = make(doc, "span", "nbmon-meter__metric", { "data-nbmon-metric": "ram" }, [
-    key("RAM"),
-    ramBar.track,
-    ramEl,
-  ]);
-
-  const gpuKey = key("GPU");
-  const gpuBar = makeBar(doc, "gpu");
-  const gpuEl = value("gpu");
-  const gpuMemEl = value("gpu-mem");
-  const gpuGroup = make(doc, "span", "nbmon-meter__metric", { "data-nbmon-metric": "gpu" }, [
-    gpuKey,
-    gpuBar.track,
-    gpuEl,
-    gpuMemEl,
-  ]);
-
   const statusEl = make(doc, "span", "nbmon-meter__status", { "data-nbmon": "status" });
+
+  const groups = groupsOf(fields).map((g) => {
+    const keyEl = make(doc, "span", "nbmon-meter__key");
+    keyEl.textContent = g.key;
+    const bar = g.scale ? makeBar(doc, g.name) : null;
+    const values = g.fields
+      .filter((f) => f.hook)
+      .map((f) => ({
+        field: f,
+        el: make(doc, "span", "nbmon-meter__value", {
+          "data-nbmon": f.hook,
+          "data-name": f.name,
+          "data-value": "",
+        }),
+      }));
+    const children = [...(g.key ? [keyEl] : []), ...(bar ? [bar.track] : []), ...values.map((v) => v.el)];
+    const groupEl = make(doc, "span", "nbmon-meter__metric", { "data-nbmon-metric": g.name }, children);
+    return { ...g, keyEl, bar, values, el: groupEl };
+  });
 
   const root = make(doc, "div", "nbmon-meter", {}, [
     labelEl,
     elapsedEl,
-    cpuGroup,
-    ramGroup,
-    gpuGroup,
+    ...groups.map((g) => g.el),
     statusEl,
   ]);
   el.appendChild(root);
@@ -331,7 +350,7 @@ function render({ model, el }) {
     if (model.get("running") && isNumber(elapsed)) {
       elapsed += Math.max(0, now() - receivedAt) / 1000;
     }
-    setText(elapsedEl, formatDuration(elapsed));
+    setText(elapsedEl, fmt(elapsed, "s"));
     setAttr(elapsedEl, "data-value", rawValue(elapsed));
   }
 
@@ -343,6 +362,16 @@ function render({ model, el }) {
       clearInterval(timer);
       timer = null;
     }
+  }
+
+  // A group's bar: its full scale (a number, or the value of the metric named
+  // by `bar`) and the text " of <max>" when the maximum is a reading.
+  function scaleOf(g) {
+    const spec = g.scale.max;
+    if (typeof spec === "number") return { max: spec, of: "" };
+    const max = model.get(spec);
+    const known = isNumber(max) && max > 0;
+    return { max: known ? max : null, of: known ? ` of ${fmt(max, unitOf.get(spec) ?? "")}` : "" };
   }
 
   function renderAll() {
@@ -362,33 +391,30 @@ function render({ model, el }) {
 
     renderElapsed();
 
-    const cpu = model.get("cpu_percent");
-    setValue(cpuEl, formatPercent(cpu), cpu);
-    // Bar is 0..100 % of one core; multi-core use shows a full bar and the number.
-    setBar(cpuBar, barFraction(cpu, 100));
-
-    const rss = model.get("rss_mb");
-    const total = model.get("ram_total_mb");
-    const hasTotal = isNumber(total) && total > 0;
-    setValue(ramEl, formatBytes(rss), rss);
-    setHidden(ramBar.track, !hasTotal);
-    setBar(ramBar, hasTotal ? barFraction(rss, total) : 0);
-    setAttr(ramEl, "title", hasTotal ? `of ${formatBytes(total)}` : "");
-
     const gpuCount = model.get("gpu_count");
     const hasGpu = isNumber(gpuCount) && gpuCount > 0;
-    setHidden(gpuGroup, !hasGpu);
-    setText(gpuKey, hasGpu && gpuCount > 1 ? `GPU\u00d7${gpuCount}` : "GPU");
-    const util = model.get("gpu_util_percent");
-    const gpuMem = model.get("gpu_mem_mb");
-    setValue(gpuEl, formatPercent(util), util);
-    setBar(gpuBar, barFraction(util, 100));
-    setValue(gpuMemEl, formatBytes(gpuMem), gpuMem);
-
-    const parts = [label, formatDuration(model.get("elapsed_s"))];
-    parts.push(`CPU ${formatPercent(cpu)}`);
-    parts.push(`RAM ${formatBytes(rss)}${hasTotal ? ` of ${formatBytes(total)}` : ""}`);
-    if (hasGpu) parts.push(`GPU ${formatPercent(util)}, ${formatBytes(gpuMem)}`);
+    const parts = [label, fmt(model.get("elapsed_s"), "s")];
+    for (const g of groups) {
+      const shown = !g.gpu || hasGpu;
+      setHidden(g.el, !shown);
+      const key = g.gpu && hasGpu && gpuCount > 1 ? `${g.key}\u00d7${gpuCount}` : g.key;
+      setText(g.keyEl, key);
+      const scale = g.scale ? scaleOf(g) : null;
+      if (g.bar) {
+        setHidden(g.bar.track, scale.max === null);
+        setBar(g.bar, scale.max === null ? 0 : barFraction(model.get(g.scale.field.name), scale.max));
+      }
+      const texts = [];
+      for (const v of g.values) {
+        const raw = model.get(v.field.name);
+        const text = fmt(raw, v.field.unit);
+        const of = scale && g.scale.field === v.field ? scale.of : "";
+        setValue(v.el, text, raw);
+        setAttr(v.el, "title", `${v.field.label}: ${text}${of}`);
+        texts.push(text + of);
+      }
+      if (shown && texts.length) parts.push(`${key} ${texts.join(", ")}`.trim());
+    }
     parts.push(status);
     setAttr(root, "title", parts.filter(Boolean).join(" \u00b7 "));
 
@@ -397,7 +423,8 @@ function render({ model, el }) {
 
   // Registered per trait with a named function so cleanup can remove exactly
   // these handlers (a model outlives its views).
-  const handlers = TRAITS.map((name) => {
+  const traits = ["label", "status", "running", "elapsed_s", "gpu_count", ...fields.map((f) => f.name)];
+  const handlers = traits.map((name) => {
     const handler =
       name === "elapsed_s" || name === "running"
         ? () => {
