@@ -24,16 +24,16 @@ import psutil
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from nbmon.monitor import Monitor  # noqa: E402
-from nbmon.sources.proctree import ProcessTree  # noqa: E402
+from nbmon.options import Options  # noqa: E402
 from nbmon.sampler import Sampler  # noqa: E402
+from nbmon.sources import Sources  # noqa: E402
 from nbmon.store import Store  # noqa: E402
-from nbmon.sources.machine import System  # noqa: E402
 
 SLEEPER = "import time\nwhile True: time.sleep(1)"
 
 
 def nbmon_sampler():
-    sampler = Sampler([ProcessTree(), System()], None, 0.1)
+    sampler = Sampler(Sources(os.getpid(), Options(gpu=False)).all, None, 0.1)
     sampler.prime()
     store = Store(sampler.fields)
     sampler.sink = store.append

@@ -27,11 +27,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from nbmon.monitor import Monitor  # noqa: E402
-from nbmon.sources.proctree import ProcessTree  # noqa: E402
+from nbmon.options import Options  # noqa: E402
 from nbmon.sampler import Sampler  # noqa: E402
+from nbmon.sources import Sources  # noqa: E402
 from nbmon.store import Store  # noqa: E402
 from nbmon.summary import summarize  # noqa: E402
-from nbmon.sources.machine import System  # noqa: E402
 
 MIB = 1024 * 1024
 SLEEPER = "import time\nwhile True: time.sleep(1)"
@@ -229,7 +229,7 @@ def tight_loop_cost(children: int, rounds: int, per_round: int) -> dict:
     kids = [subprocess.Popen([sys.executable, "-c", SLEEPER]) for _ in range(children)]
     time.sleep(0.3)
     try:
-        sampler = Sampler([ProcessTree(), System()], None, 0.1)
+        sampler = Sampler(Sources(os.getpid(), Options(gpu=False)).all, None, 0.1)
         sampler.prime()
         store = Store(sampler.fields)
         sampler.sink = store.append

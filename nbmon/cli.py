@@ -20,12 +20,13 @@ import sys
 import time
 import warnings
 
+from . import ranks
 from .monitor import Monitor
 from .options import DEFAULT_INTERVAL_S, Options, check_interval
 from .senders import CSVSender, JSONLinesSender
 from .summary import ResourceSummary
 
-VERBS = ("run", "demo")
+VERBS = ("run", "demo", "report")
 # Files written while the command runs: --flag -> the sender streaming every sample there.
 STREAMS = {
     "csv": (CSVSender, "stream every sample to this CSV file as it is taken"),
@@ -80,6 +81,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-children", action="store_true", help="only the command's own process")
     run.add_argument("--quiet", action="store_true", help="do not print the summary")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
+    # -- the ranks of a distributed job (nbmon/ranks.py) --
+    run.add_argument("--rank-dir", metavar="DIR", help="write this rank's samples to DIR/rank-<N>.jsonl, N "
+                     "from RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID (torchrun, mpirun, Slurm)")
+    run.add_argument("--rank", metavar="N", help="with --rank-dir: the rank, where no launcher sets one")
+    report = sub.add_parser("report", help="the ranks of a distributed job: the slowest, the largest, a timeline",
+                            usage="nbmon report FILE_OR_GLOB... [--html PATH] [--force] [--period S]")
+    report.add_argument("ranks", nargs="+", metavar="FILE_OR_GLOB", help="the ranks' JSON Lines files")
+    report.add_argument("--html", metavar="PATH", help="write an offline page: a timeline per metric, a trace per rank")
+    report.add_argument("--force", action="store_true", help="replace the page if it exists")
+    report.add_argument("--period", metavar="S", help="seconds between the lines of files without times "
+                        "(SystemMonitor's sample_rate_seconds)")
     demo = sub.add_parser("demo", help="run a short built-in workload under the monitor")
     demo.add_argument("--interval", default=str(DEFAULT_INTERVAL_S), metavar="S")
     demo.add_argument("--html", metavar="PATH")
@@ -119,9 +131,10 @@ def _open_sender(cls, path: str | None, force: bool):
 
 
 def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None, *,
-        force: bool = False, quiet: bool = False) -> int:
+        force: bool = False, quiet: bool = False, tags: dict | None = None) -> int:
     """Run ``argv`` under a monitor; ``outputs`` maps names of STREAMS and
-    REPORTS to paths. Returns the exit code nbmon exits with."""
+    REPORTS to paths; ``tags`` are added to every streamed sample (a rank's).
+    Returns the exit code nbmon exits with."""
     outputs = {k: v for k, v in (outputs or {}).items() if v is not None}
     paths = [os.path.abspath(p) for p in outputs.values()]
     if len(set(paths)) < len(paths):  # two writers would interleave in one file
@@ -158,7 +171,7 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
     every_s = min(1.0, max(options.interval, 0.2))
     monitor = Monitor(child.pid, options)
     for sender in senders:
-        monitor.attach(sender, every_s)
+        monitor.attach(ranks.Tagged(sender, tags) if tags else sender, every_s)
     # Like a shell waiting for its job: Ctrl-C goes to the command (same
     # process group), nbmon stays to report; SIGTERM is passed on.
     old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -219,17 +232,38 @@ def main(argv: list[str] | None = None) -> int:
         if args[0] not in VERBS and not args[0].startswith("-"):
             raise UsageError(f"unknown subcommand {args[0]!r}; use one of: {', '.join(VERBS)}")
         ns = _parser().parse_args(args)
+        if ns.verb == "report":
+            return _report(ns)
         interval = _interval(ns.interval)
         if ns.verb == "demo":
             return run([sys.executable, "-m", "nbmon.demo"], Options(interval=interval),
                        {"html": ns.html}, force=ns.force)
         command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
         options = Options(interval=interval, gpu=not ns.no_gpu, children=not ns.no_children)
-        return run(command, options, {name: getattr(ns, name) for name in OUTPUTS},
-                   force=ns.force, quiet=ns.quiet)
+        outputs = {name: getattr(ns, name) for name in OUTPUTS}
+        try:
+            tags = ranks.run_tags(ns.rank_dir, ns.rank, outputs)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        return run(command, options, outputs, force=ns.force, quiet=ns.quiet, tags=tags)
     except UsageError as err:
         print(f"nbmon: error: {err}", file=sys.stderr)
         return 2
+
+
+def _report(ns) -> int:
+    """``nbmon report``: the ranks' table on stdout, and the page with --html."""
+    _check_output(ns.html, ns.force)
+    try:
+        period_s = None if ns.period is None else check_interval(ns.period, "--period")
+        frame = ranks.read_ranks(ns.ranks, period_s=period_s)
+    except (ValueError, OSError) as err:
+        raise UsageError(str(err)) from None
+    print(ranks.text_report(ranks.rank_table(frame)))
+    if ns.html:
+        ranks.write_report(frame, ns.html, title=" ".join(ns.ranks), overwrite=ns.force)
+        print(f"nbmon: wrote {ns.html}")
+    return 0
 
 
 def _interval(text: str) -> float:

@@ -2,7 +2,8 @@
 
 A *consumer* has ``every_s`` (seconds between calls), ``consume(store,
 final)`` -- called on the run's ``nbmon-consumers`` thread every
-``every_s`` seconds and once more with ``final=True`` when the run ends --
+``every_s`` seconds (the first time as the run starts if it has
+``at_start = True``) and once more with ``final=True`` when the run ends --
 and ``close()``. It reads what it needs from the store, so a slow or stuck
 consumer never delays a sample nor the shutdown.
 
@@ -99,6 +100,10 @@ def as_consumer(sink, every_s: float = DEFAULT_EVERY_S):
                     f"a sender (publish(event)) nor a callable")
 
 
+def _first_due(consumer, now: float) -> float:
+    return now if getattr(consumer, "at_start", False) else now + consumer.every_s
+
+
 class ConsumerThread:
     """Runs one run's consumers on a daemon thread. ``retired()`` turns True
     once a later run has taken the consumers over: a thread that stop()
@@ -120,7 +125,7 @@ class ConsumerThread:
     def add(self, consumer) -> None:
         with self._cond:
             self.consumers.append(consumer)
-            self._due[id(consumer)] = time.monotonic() + consumer.every_s
+            self._due[id(consumer)] = _first_due(consumer, time.monotonic())
             self._cond.notify()
 
     def stop(self) -> None:
@@ -137,7 +142,7 @@ class ConsumerThread:
         with self._cond:
             now = time.monotonic()
             for c in self.consumers:
-                self._due.setdefault(id(c), now + c.every_s)
+                self._due.setdefault(id(c), _first_due(c, now))
         try:
             while True:
                 with self._cond:

@@ -81,6 +81,11 @@ class Monitor:
     def running(self) -> bool:
         return self._sampler is not None and self._sampler.running
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The current (or last) run's sampling thread; None before start()."""
+        return getattr(self._sampler, "_thread", None)
+
     def start(self) -> "Monitor":
         """Start a new run (a no-op if already running)."""
         with self._lock:

@@ -91,6 +91,9 @@ class Options:
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))}")
+        if options is not None and not isinstance(options, cls):
+            # Monitor(pid, 0.5): the interval where Monitor takes its options.
+            raise ValueError(f"options must be an Options or None, got {options!r}")
         base = options if options is not None else cls()
         return dataclasses.replace(base, **changes) if changes else base
 

@@ -95,6 +95,7 @@ class CSVSender(_FileSender):
         self._header_done = False
 
     def _lines(self, events: Sequence[Mapping]) -> list[str]:
+        events = [_flat(e) for e in events]
         if self.columns is None:
             self.columns = list(events[0])
         lines = [] if self._header_done else [",".join(_csv_cell(c) for c in self.columns)]
@@ -104,6 +105,18 @@ class CSVSender(_FileSender):
     def publish_many(self, events: Sequence[Mapping]) -> None:
         super().publish_many(events)
         self._header_done = self._header_done or bool(events)
+
+
+def _flat(event: Mapping, prefix: str = "") -> dict:
+    """A nested event's values under dotted names (scaffold's
+    ``"network": {"sent": ...}`` is the column ``network.sent``)."""
+    out = {}
+    for key, value in event.items():
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _csv_cell(text: str) -> str:
@@ -127,8 +140,16 @@ class JSONLinesSender(_FileSender):
         super().__init__(path, overwrite)
 
     def _lines(self, events: Sequence[Mapping]) -> list[str]:
-        return [json.dumps({k: v if isinstance(v, str) else known(v) for k, v in e.items()},
-                           allow_nan=False) for e in events]
+        return [json.dumps(_json_ready(e), allow_nan=False) for e in events]
+
+
+def _json_ready(value):
+    """Text as is, nested events nested, every number finite or null."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return {k: _json_ready(v) for k, v in value.items()}
+    return known(value)
 
 
 class CallbackSender:

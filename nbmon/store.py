@@ -104,7 +104,9 @@ class Stats:
         with np.errstate(all="ignore"):
             weighted = self.wsum / self.wtime
             plain = self.sum / self.n
-        return np.where(self.wtime > 0, weighted, np.where(self.n > 0, plain, NAN))
+        mean = np.where(self.wtime > 0, weighted, np.where(self.n > 0, plain, NAN))
+        # Rounding in the sums can put the mean of a constant column an ulp above its peak.
+        return np.clip(mean, self.min, self.max)
 
     def value(self, stat: str, column: str) -> float:
         """One statistic ('max', 'min', 'mean', 'first', 'last', 'delta' =
@@ -333,5 +335,21 @@ class Store:
                 return {}
             i = (self._head + self._n - 1) % self.capacity
             out = dict(zip(self.columns, self._data[:, i].tolist()))
+            out["t"], out["wall"] = float(self._t[i]), float(self._wall[i])
+            return out
+
+    def latest_known(self, lookback: int = 1024) -> dict[str, float]:
+        """Like :meth:`latest`, but each column's newest value that is not NaN
+        among the last ``lookback`` samples (figures read on a slower cadence
+        are NaN in the samples between their reads); NaN where there is none."""
+        with self._lock:
+            if not self._n:
+                return {}
+            _t, _wall, rows = self._raw_range(max(self.seq - self._n, self.seq - lookback), self.seq)
+            valid = ~np.isnan(rows)
+            newest = rows.shape[1] - 1 - valid[:, ::-1].argmax(axis=1)
+            values = np.where(valid.any(axis=1), rows[np.arange(rows.shape[0]), newest], NAN)
+            i = (self._head + self._n - 1) % self.capacity
+            out = dict(zip(self.columns, values.tolist()))
             out["t"], out["wall"] = float(self._t[i]), float(self._wall[i])
             return out

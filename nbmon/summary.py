@@ -70,19 +70,23 @@ class ResourceSummary:
                    memory_growth_mb=0.0, num_samples=0, duration_sec=0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; optional fields only when not None (calibrax's rule)."""
+        """JSON-ready dict, as calibrax writes it: ``peak_gpu_mem_mb`` and
+        ``mean_gpu_util`` always (null when unknown), the other optional
+        fields only when not None."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name not in _REQUIRED:
+            if value is None and f.name not in _ALWAYS_WRITTEN:
                 continue
             out[f.name] = _primitive(f.name, value)
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ResourceSummary":
-        """Inverse of :meth:`to_dict`. Raises ValueError naming any missing,
-        unknown or mistyped key."""
+        """Inverse of :meth:`to_dict`, with or without the null GPU fields.
+        Unknown keys are ignored, as calibrax does (a file written by a newer
+        version loads); a missing required key or a mistyped value is a
+        ValueError naming it."""
         if not isinstance(data, dict):
             # Name the value itself (shortened), not only its type: "got list" does not say which.
             raise ValueError(f"ResourceSummary.from_dict needs a dict, got {reprlib.repr(data)} "
@@ -90,12 +94,9 @@ class ResourceSummary:
         missing = [k for k in _REQUIRED if k not in data]
         if missing:
             raise ValueError(f"ResourceSummary.from_dict: missing key(s) {', '.join(map(repr, missing))}")
-        unknown = sorted(set(data) - set(_TYPES))
-        if unknown:
-            raise ValueError(f"ResourceSummary.from_dict: unknown key(s) {', '.join(map(repr, unknown))}")
         # Optional fields that to_dict() left out are None (the GPU ones have no default).
         values = {k: None for k in _TYPES if k not in _REQUIRED}
-        values.update((k, _checked(k, v)) for k, v in data.items())
+        values.update((k, _checked(k, v)) for k, v in data.items() if k in _TYPES)
         return cls(**values)
 
     # -- for humans ------------------------------------------------------
@@ -136,6 +137,7 @@ class ResourceSummary:
 
 
 _REQUIRED = ("peak_rss_mb", "mean_rss_mb", "memory_growth_mb", "num_samples", "duration_sec")
+_ALWAYS_WRITTEN = _REQUIRED + ("peak_gpu_mem_mb", "mean_gpu_util")
 _TYPES = {f.name: f.type for f in dataclasses.fields(ResourceSummary)}
 
 

@@ -29,7 +29,7 @@ def main() -> int:
         print(f"no usable GPU: torch.cuda.is_available()={torch.cuda.is_available()}, "
               f"NVML: {nbmon.sources.nvml.status()}")
         return 1
-    print(f"GPU: {torch.cuda.get_device_name(0)}, NVML devices: {nbmon.sources.nvml.device_count()}")
+    print(f"GPU: {torch.cuda.get_device_name(0)}, NVML devices: {nbmon.sources.nvml._device_count}")
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 _ROW = re.compile(r"<th[^>]*>(.*?)</th>\s*<td[^>]*>(.*?)</td>", re.S)
@@ -39,20 +40,23 @@ def row(rows: dict[str, str], prefix: str) -> str:
 
 
 def mib(text: str) -> float:
-    """'428 MiB' -> 428.0, '1.50 GiB' -> 1536.0 (a leading + or - is kept)."""
+    """'428 MiB' -> 428.0, '1.5 GiB' -> 1536.0 (a leading + or - is kept)."""
     m = re.fullmatch(r"([+-]?\d+(?:\.\d+)?) (MiB|GiB|TiB)", text.strip())
     assert m, f"not an amount of memory: {text!r}"
     return float(m.group(1)) * _UNITS_MIB[m.group(2)]
 
 
 def seconds(text: str) -> float:
-    """'250 ms', '12.3 s', '1 min 15 s', '1 h 2 min' -> seconds."""
+    """'0.25 s', '12.3 s', '1:15' (m:ss), '1:02:05' (h:mm:ss) -> seconds
+    (nbmon.format's durations)."""
     text = text.strip()
-    for pattern, scale in ((r"(\d+(?:\.\d+)?) ms", (0.001,)), (r"(\d+(?:\.\d+)?) s", (1.0,)),
-                           (r"(\d+) min (\d+) s", (60.0, 1.0)), (r"(\d+) h (\d+) min", (3600.0, 60.0))):
-        m = re.fullmatch(pattern, text)
-        if m:
-            return sum(float(g) * s for g, s in zip(m.groups(), scale))
+    m = re.fullmatch(r"(\d+(?:\.\d+)?) s", text)
+    if m:
+        return float(m.group(1))
+    m = re.fullmatch(r"(?:(\d+):)?(\d+):(\d\d)", text)
+    if m:
+        hours, minutes, secs = (int(g or 0) for g in m.groups())
+        return hours * 3600.0 + minutes * 60.0 + secs
     raise AssertionError(f"not a duration: {text!r}")
 
 
@@ -79,6 +83,59 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
             detail = f" (last error: {type(last_error).__name__}: {last_error})" if last_error else ""
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{detail}")
         time.sleep(interval)
+
+
+@contextmanager
+def lab_serving(base: Path, notebook: str, cells: list[str]):
+    """A started JupyterLab (stopped after) whose root, ``base/root``, holds
+    ``notebook``: one code cell per source in ``cells``, a python3 kernel."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    root = Path(base) / "root"
+    root.mkdir()
+    nb = new_notebook(
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
+        cells=[new_code_cell(source) for source in cells])
+    nbformat.write(nb, root / notebook)
+    server = JupyterLab(base, root)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@contextmanager
+def chromium_page(executable: str, args, lab: "JupyterLab", failure_png):
+    """A page (1400 x 1100) of a headless Chromium. Should the body fail: a
+    screenshot at ``failure_png``, the page's errors and ``lab``'s log printed."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=args)
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        errors: list[str] = []
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        try:
+            yield page
+        except BaseException:
+            page.screenshot(path=str(failure_png))
+            print("page errors:", errors, "\n--- server log ---\n", lab.log_text())
+            raise
+        finally:
+            browser.close()
+
+
+def run_all_cells(page, lab: "JupyterLab", notebook: str, before: str | None = None) -> None:
+    """Open ``notebook`` of ``lab`` in ``page``, wait for its kernel to be idle,
+    evaluate ``before`` (JavaScript: a recorder, say), then Run All Cells."""
+    page.goto(f"{lab.url}/lab/tree/{notebook}?token={lab.token}", timeout=120_000)
+    page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\(ipykernel\) \| Idle")).wait_for(timeout=120_000)
+    if before is not None:
+        page.evaluate(before)
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
 
 
 def free_port() -> int:

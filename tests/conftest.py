@@ -48,6 +48,7 @@ def fake_gpu(fake_nvml_lib, tmp_path, monkeypatch):
     fake = FakeNVML(tmp_path / "nvml.conf")
     monkeypatch.setenv(CONFIG_ENV, str(fake.path))
     monkeypatch.setenv("NBMON_NVML_LIBRARY", fake_nvml_lib)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # it picks devices: the test's fakes, all of them
     yield fake
     nbmon.sources.nvml.shutdown()
     unload_from_pynvml()

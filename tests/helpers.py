@@ -4,26 +4,34 @@ tests/ has no __init__.py: pytest puts it on sys.path, so a test module does
 ``from helpers import wait_until, burn_cpu, fd_count, nbmon_threads``."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
 import psutil
 import pytest
+from comm.base_comm import BaseComm
+
+DEADLINE_S = 30.0  # the bound of every poll: generous for a loaded 2-core machine
 
 
-def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
-    """Bounded poll: the predicate's value once truthy, else fail naming ``what``."""
+def wait_until(predicate, timeout: float = DEADLINE_S, what="condition"):
+    """Bounded poll: the predicate's value once truthy, else fail naming
+    ``what`` (a string, or a callable that gives one, read at the failure)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what() if callable(what) else what}")
         time.sleep(0.01)
 
 
@@ -106,3 +114,229 @@ def in_forked_child(body, timeout: float = 30.0):
     assert not (isinstance(answer, dict) and "error" in answer), answer["error"]
     assert os.waitstatus_to_exitcode(status) == 0, answer
     return answer
+
+
+# -- sources and clocks for the sampler ------------------------------------------------
+
+
+class StubSource:
+    """A sampler source that answers ``values`` ({field: value}) every call.
+
+    ``behave(call)`` (calls count from 1) replaces that answer: it may return
+    anything (a malformed answer is the point of some tests) or raise.
+    ``faulty(call)`` says whether a call is a fault by design; those are
+    counted in ``faults``, so a monitor's count can be checked exactly. The
+    ``stuck_on``-th call, and every call once ``stick_from_now`` is set,
+    blocks until ``release`` is set (10 s at most), setting ``entered``
+    first. Records each call's time and thread, when it was started and how
+    often closed."""
+
+    def __init__(self, name: str = "stub", fields=("a", "b"), values=None, *, behave=None,
+                 faulty=None, stuck_on: int | None = None, release: threading.Event | None = None):
+        self.name = name
+        self.fields = tuple(fields)
+        self.values = dict(zip(self.fields, values if values is not None else
+                               [float(k) for k in range(1, len(self.fields) + 1)]))
+        self.behave = behave
+        self.faulty = faulty
+        self.stuck_on = stuck_on
+        self.release = release if release is not None else threading.Event()
+        self.entered = threading.Event()
+        self.stick_from_now = threading.Event()
+        self.calls = 0
+        self.faults = 0
+        self.times: list[float] = []
+        self.calls_by_thread: dict[int, list[int]] = {}
+        self.started: float | None = None
+        self.closed = 0
+
+    def start(self, now: float) -> None:
+        self.started = now
+
+    def sample(self, now: float):
+        self.calls += 1
+        call = self.calls
+        self.times.append(now)
+        self.calls_by_thread.setdefault(threading.get_ident(), []).append(call)
+        if self.faulty is not None:
+            self.faults += bool(self.faulty(call))
+        if call == self.stuck_on or self.stick_from_now.is_set():
+            self.entered.set()
+            self.release.wait(10)
+        if self.behave is not None:
+            return self.behave(call)
+        return dict(self.values)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class FakeTime:
+    """A clock the test moves: ``clock()`` (monotonic) and ``wall()`` (epoch,
+    ``WALL_OFFSET`` ahead)."""
+
+    WALL_OFFSET = 1.7e9
+
+    def __init__(self, t0: float = 1000.0):
+        self.t = t0
+
+    def clock(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return self.t + self.WALL_OFFSET
+
+
+class FakeEvent:
+    """A sampler's stop event on a FakeTime: ``wait(timeout)`` advances the
+    clock by ``timeout`` and returns False (True once set), without sleeping."""
+
+    def __init__(self, clock: FakeTime):
+        self.clock = clock
+        self.flag = False
+
+    def wait(self, timeout=None) -> bool:
+        if self.flag:
+            return True
+        self.clock.t += timeout
+        return False
+
+    def set(self) -> None:
+        self.flag = True
+
+    def is_set(self) -> bool:
+        return self.flag
+
+
+# -- files that senders write -------------------------------------------------------------
+
+
+def csv_rows(path) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of a CSV file that must consist of whole lines only,
+    every cell a number or empty."""
+    text = open(path, encoding="utf-8", newline="").read()
+    assert text == "" or text.endswith("\n"), f"half a line at the end: {text[-80:]!r}"
+    if not text:
+        return [], []
+    header, *rows = list(csv.reader(io.StringIO(text)))
+    for row in rows:
+        assert len(row) == len(header), row
+        for cell in row:
+            if cell:
+                float(cell)
+    return header, rows
+
+
+_WRITER_CHILD = """
+    import sys, time
+    from nbmon.consumers import SampleForwarder
+    from nbmon.monitor import Monitor
+    from nbmon import senders
+    sender = getattr(senders, sys.argv[2])(sys.argv[1])
+    Monitor(interval=0.005, gpu=False, consumers=[SampleForwarder(sender, every_s=0.01)]).start()
+    while True:
+        time.sleep(1)
+"""
+
+
+def sigkill_mid_write(path, sender: str, lines: int) -> str:
+    """Run a monitor in a child process that streams every sample to
+    ``path`` through ``nbmon.senders.<sender>``; SIGKILL it once the file has
+    ``lines`` lines. Returns the file's text; fails if the child ended any
+    other way."""
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_WRITER_CHILD), str(path), sender],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        def enough():
+            assert proc.poll() is None, proc.stderr.read()
+            return os.path.exists(path) and open(path, "rb").read().count(b"\n") >= lines
+
+        wait_until(enough, what=f"{lines} lines in {path}")
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(20)
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    return open(path, encoding="utf-8", newline="").read()
+
+
+_DISK_FULL_CHILD = """
+    import json, resource, sys, time
+    from nbmon import senders
+    from nbmon.consumers import SampleForwarder
+    from nbmon.monitor import Monitor
+
+    path, sender, limit, failures, more = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # SIGXFSZ is ignored: EFBIG
+    base = getattr(senders, sender)
+    counts = {"calls": 0, "failures": 0}
+
+    def publish_many(self, events):  # the real sender's, counting its failed writes
+        counts["calls"] += 1
+        try:
+            base.publish_many(self, events)
+        except OSError:
+            counts["failures"] += 1
+            raise
+
+    # Named as the sender it counts for: a forwarder's fault is named after its sender's class.
+    counting = type(sender, (base,), {"publish_many": publish_many})
+    forward = SampleForwarder(counting(path), every_s=0.02)
+    mon = Monitor(interval=0.005, gpu=False, consumers=[forward]).start()
+    deadline = time.monotonic() + 30
+    while counts["failures"] < failures and time.monotonic() < deadline:
+        time.sleep(0.005)
+    seq = mon.store.seq
+    while mon.store.seq < seq + more and time.monotonic() < deadline:
+        time.sleep(0.005)
+    result = dict(running=mon.running, seq_at_failure=seq, seq=mon.store.seq)
+    result.update(clean=mon.stop(timeout=10), sent=forward.sent, **counts,
+                  faults={k: [f.count, f.first_error] for k, f in mon.faults.items()})
+    print(json.dumps(result))
+"""
+
+
+def disk_full_run(path, sender: str, limit: int, *, failures: int, more: int) -> dict:
+    """Run a monitor in a child process whose files may not grow past
+    ``limit`` bytes (RLIMIT_FSIZE: a full disk), forwarding every sample to
+    ``path`` through ``nbmon.senders.<sender>``. Once the sender's writes
+    failed ``failures`` times and ``more`` samples were taken after that,
+    the monitor is stopped. Fails if the child printed anything to stderr.
+    Returns what the child saw: running (just before the stop), clean (the
+    stop's answer), seq_at_failure, seq, calls and failures (the sender's
+    writes), sent (events the forwarder delivered) and faults ({name:
+    [count, first error]})."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_DISK_FULL_CHILD), str(path), sender,
+                           str(limit), str(failures), str(more)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr  # nothing printed from the threads
+    return json.loads(done.stdout)
+
+
+# -- widgets ------------------------------------------------------------------------------
+
+
+class RecordingComm(BaseComm):
+    """A widget comm that keeps what it would publish, standing in for the
+    kernel: ``published`` is [(msg_type, data, buffers)], the data through
+    JSON as the kernel sends it (NaN must not survive)."""
+
+    def __init__(self, **kwargs):
+        self.published = []
+        super().__init__(**kwargs)
+
+    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+        self.published.append((msg_type, json.loads(json.dumps(data, allow_nan=False)),
+                               [bytes(b) for b in buffers or ()]))
+
+    def update_messages(self) -> list[tuple[dict, list, list[bytes]]]:
+        """(state, buffer_paths, buffers) of every update message."""
+        return [(data["state"], data.get("buffer_paths", []), buffers)
+                for kind, data, buffers in self.published
+                if kind == "comm_msg" and data.get("method") == "update"]
+
+    def updates(self) -> list[dict]:
+        """The state of every update message."""
+        return [state for state, _, _ in self.update_messages()]

@@ -28,14 +28,12 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import nbmon
-import nbmon.notebook.magics
 import nbmon.monitor
+import nbmon.notebook.magics
 import nbmon.sources.nvml
-from helpers import gone_pid
-from nbmon import AbstractBackendSender, Monitor, ResourceMonitor, ResourceSummary, SystemMonitor
-from nbmon.sources.proctree import ProcessTree
+from helpers import StubSource, gone_pid
+from nbmon import AbstractBackendSender, Monitor, ResourceMonitor, ResourceSummary, SystemMonitor, catalog
 from nbmon.notebook.session import SESSION
-from nbmon.sources.machine import System
 from test_cli import NBMON
 from test_nvml import DEV_A, DEV_B
 
@@ -245,22 +243,6 @@ class HalfProfiler:
         return {"gpu_clock_mhz": 1.0}
 
 
-class RSSAgain:
-    """An extra source whose field is one of nbmon's own."""
-
-    name = "rss-again"
-    fields = ("proc_rss_mb",)
-
-    def start(self, now: float) -> None:
-        pass
-
-    def sample(self, now: float):
-        return (1.0,)
-
-    def close(self) -> None:
-        pass
-
-
 def _sm(**kwargs):
     return lambda: SystemMonitor(**({"pid": os.getpid(), "backend_sender": Sender()} | kwargs))
 
@@ -310,16 +292,23 @@ def _cases():
                                                  "backend must be one of 'thread', 'process', got 'gpu'", "'gpu'")))
     cases.append(("Monitor-max-bytes-0", lambda: (lambda: Monitor(max_bytes=0), ValueError,
                                                  "max_bytes must be a positive whole number of bytes, got 0", "0")))
+    cases.append(("Monitor-gpu-str", lambda: (lambda: Monitor(gpu="no"), ValueError,
+                                             "gpu must be True or False, got 'no'", "'no'")))
+    cases.append(("Monitor-positional-interval", lambda: (lambda: Monitor(os.getpid(), 0.5), ValueError,
+                                                         "options must be an Options or None, got 0.5", "0.5")))
+    cases.append(("Monitor-unknown-setting", lambda: (lambda: Monitor(intervall=0.5), ValueError,
+                                                     "unknown option(s) 'intervall'", "'intervall'")))
     cases.append(("Monitor-pid-2**40", lambda: (lambda: Monitor(pid=2**40), ValueError,
                                                f"no process with pid {2**40} exists", str(2**40))))
     # Refused by start(), after the sources were opened: they must be closed again.
-    width = len(ProcessTree.fields) + len(System.fields) + 2  # + monotonic and wall time
+    width = len(catalog.names(catalog.TREE)) + len(catalog.names(catalog.MACHINE)) + 2  # + monotonic and wall time
     cases.append(("Monitor-max-bytes-too-small", lambda: (
         lambda: Monitor(max_bytes=100, gpu=False).start(), ValueError,
         f"max_bytes must hold at least 128 samples ({128 * 8 * width} bytes for {width - 2} columns), got 100",
         "100")))
     cases.append(("Monitor-extra-source-reuses-a-field", lambda: (
-        lambda: Monitor(gpu=False, extra_sources=[RSSAgain()]).start(), ValueError,
+        # An extra source whose field is one of nbmon's own.
+        lambda: Monitor(gpu=False, extra_sources=[StubSource("rss-again", ("proc_rss_mb",))]).start(), ValueError,
         "duplicate column name(s) 'proc_rss_mb'", "'proc_rss_mb'")))
     # The type is checked before NVML is touched, so this holds with or without a GPU.
     cases.append(("NVMLProfiler-index-str", lambda: (lambda: nbmon.NVMLProfiler(device_index="0"), ValueError,

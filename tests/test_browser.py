@@ -10,11 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
 
-from browser_util import JupyterLab, mib, row, seconds, wait_for
+from browser_util import chromium_page, lab_serving, mib, row, run_all_cells, seconds, wait_for
 
 CHROMIUM = os.environ.get("NBMON_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -72,19 +70,9 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    base = tmp_path_factory.mktemp("jupyterlab")
-    root = base / "root"
-    root.mkdir()
-    nb = new_notebook(
-        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
-        cells=[new_code_cell("%load_ext nbmon"), new_code_cell("%resmon --interval 0.1"), new_code_cell(WORKLOAD)])
-    nbformat.write(nb, root / NOTEBOOK)
-    server = JupyterLab(base, root)
-    try:
-        server.start()
+    with lab_serving(tmp_path_factory.mktemp("jupyterlab"), NOTEBOOK,
+                     ["%load_ext nbmon", "%resmon --interval 0.1", WORKLOAD]) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_lab_finds_the_widget_extensions(lab):
@@ -96,67 +84,48 @@ def test_lab_finds_the_widget_extensions(lab):
 
 
 def test_dashboard_streams_meter_ticks_and_summary_replaces_it(lab, chromium_path):
-    from playwright.sync_api import sync_playwright
-
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1100})
-        errors: list[str] = []
-        page.on("pageerror", lambda err: errors.append(str(err)))
-        try:
-            page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?token={lab.token}", timeout=120_000)
-            page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\(ipykernel\) \| Idle")).wait_for(
-                timeout=120_000)
-            page.evaluate(RECORDER)
+    with chromium_page(chromium_path, CHROMIUM_ARGS, lab, ARTIFACTS / "browser-failure.png") as page:
+        run_all_cells(page, lab, NOTEBOOK, RECORDER)
 
-            page.get_by_role("menuitem", name="Run", exact=True).click()
-            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        long_cell = cells.nth(2)
+        long_cell.locator(".nbmon-meter").wait_for(timeout=120_000)
+        page.screenshot(path=str(ARTIFACTS / "browser-running.png"))
+        summary = long_cell.locator(".nbmon-summary")
+        summary.wait_for(timeout=120_000)
 
-            cells = page.locator(".jp-Notebook .jp-Cell")
-            long_cell = cells.nth(2)
-            long_cell.locator(".nbmon-meter").wait_for(timeout=120_000)
-            page.screenshot(path=str(ARTIFACTS / "browser-running.png"))
-            summary = long_cell.locator(".nbmon-summary")
-            summary.wait_for(timeout=120_000)
+        # (a) the dashboard streams: its trace gained points over at least a second
+        log = wait_for(lambda: _plot_span(page.evaluate("window.__nbmonLog")), 60,
+                       "the dashboard to be recorded over more than a second")
+        first, later = log
+        assert later[1] > first[1], f"trace did not grow: {first} -> {later}"
+        assert long_cell.locator(".js-plotly-plot").count() == 0
+        assert cells.nth(1).locator(".js-plotly-plot .scatterlayer .trace").count() >= 2
 
-            # (a) the dashboard streams: its trace gained points over at least a second
-            log = wait_for(lambda: _plot_span(page.evaluate("window.__nbmonLog")), 60,
-                           "the dashboard to be recorded over more than a second")
-            first, later = log
-            assert later[1] > first[1], f"trace did not grow: {first} -> {later}"
-            assert long_cell.locator(".js-plotly-plot").count() == 0
-            assert cells.nth(1).locator(".js-plotly-plot .scatterlayer .trace").count() >= 2
+        # (b) the meter was live while the cell ran: elapsed and CPU changed
+        meter = [m for m in page.evaluate("window.__nbmonLog.meter") if m["status"] == "running"]
+        assert meter, "the meter was never seen running"
+        elapsed = [float(m["elapsed"][1]) for m in meter if m["elapsed"] and m["elapsed"][1]]
+        cpu = {m["cpu"][1] for m in meter if m["cpu"] and m["cpu"][1]}
+        assert len(set(elapsed)) >= 2 and elapsed[-1] > elapsed[0], meter
+        assert len(cpu) >= 2, meter
+        assert all(m["elapsed"][0].strip() for m in meter)  # the text the user sees
+        assert meter[-1]["label"][0] == "browser"
 
-            # (b) the meter was live while the cell ran: elapsed and CPU changed
-            meter = [m for m in page.evaluate("window.__nbmonLog.meter") if m["status"] == "running"]
-            assert meter, "the meter was never seen running"
-            elapsed = [float(m["elapsed"][1]) for m in meter if m["elapsed"] and m["elapsed"][1]]
-            cpu = {m["cpu"][1] for m in meter if m["cpu"] and m["cpu"][1]}
-            assert len(set(elapsed)) >= 2 and elapsed[-1] > elapsed[0], meter
-            assert len(cpu) >= 2, meter
-            assert all(m["elapsed"][0].strip() for m in meter)  # the text the user sees
-            assert meter[-1]["label"][0] == "browser"
-
-            # (c) the cell's summary replaced its meter
-            assert long_cell.locator(".nbmon-meter").count() == 0
-            assert summary.get_attribute("data-status") == "ok"
-            assert "browser" in summary.inner_text()
-            assert long_cell.locator("svg.nbmon-timeline").count() == 1
-            rows = {r.locator("th").inner_text().strip(): r.locator("td").inner_text().strip()
-                    for r in summary.locator("tr").all()}
-            assert re.search(r"\d (MiB|GiB)$", row(rows, "Peak RSS")), rows
-            assert mib(row(rows, "Peak RSS")) >= 100, rows
-            assert mib(row(rows, "RSS growth")) >= 90, rows
-            assert seconds(row(rows, "Duration")) >= 3, rows
-            assert "done" in long_cell.locator(".jp-OutputArea-output").last.inner_text()
-            page.screenshot(path=str(ARTIFACTS / "browser.png"))
-        except BaseException:
-            page.screenshot(path=str(ARTIFACTS / "browser-failure.png"))
-            print("page errors:", errors, "\n--- server log ---\n", lab.log_text())
-            raise
-        finally:
-            browser.close()
+        # (c) the cell's summary replaced its meter
+        assert long_cell.locator(".nbmon-meter").count() == 0
+        assert summary.get_attribute("data-status") == "ok"
+        assert "browser" in summary.inner_text()
+        assert long_cell.locator("svg.nbmon-timeline").count() == 1
+        rows = {r.locator("th").inner_text().strip(): r.locator("td").inner_text().strip()
+                for r in summary.locator("tr").all()}
+        assert re.search(r"\d (MiB|GiB)$", row(rows, "Peak RSS")), rows
+        assert mib(row(rows, "Peak RSS")) >= 100, rows
+        assert mib(row(rows, "RSS growth")) >= 90, rows
+        assert seconds(row(rows, "Duration")) >= 3, rows
+        assert "done" in long_cell.locator(".jp-OutputArea-output").last.inner_text()
+        page.screenshot(path=str(ARTIFACTS / "browser.png"))
 
 
 def _plot_span(log):

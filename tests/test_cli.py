@@ -1,8 +1,6 @@
 """``nbmon run -- CMD`` and ``nbmon demo``, as real subprocesses."""
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import re
@@ -14,6 +12,7 @@ import time
 
 import pytest
 
+from helpers import csv_rows
 from nbmon.summary import ResourceSummary
 
 NBMON = [sys.executable, "-m", "nbmon.cli"]
@@ -27,18 +26,6 @@ SLEEP_CMD = [PY, "-c", "import time; b = b'x' * (20 << 20); time.sleep(0.6)"]
 def nbmon(*args, cwd, timeout=120) -> subprocess.CompletedProcess:
     return subprocess.run([*NBMON, *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
-
-
-def csv_rows(path) -> tuple[list[str], list[list[str]]]:
-    text = open(path, encoding="utf-8", newline="").read()
-    assert text.endswith("\n"), f"half a line at the end: {text[-80:]!r}"
-    header, *rows = list(csv.reader(io.StringIO(text)))
-    for row in rows:
-        assert len(row) == len(header), row
-        for cell in row:
-            if cell:
-                float(cell)
-    return header, rows
 
 
 # -- exit codes -------------------------------------------------------------------
@@ -152,7 +139,7 @@ def test_output_that_fails_mid_run_is_reported_even_when_quiet(tmp_path, quiet):
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
     assert done.returncode == 0  # the command's
     last = done.stderr.splitlines()[-1]
-    assert re.fullmatch(r"nbmon: ForwardSamples failed [1-9][0-9]* time\(s\): OSError: \[Errno 27\] "
+    assert re.fullmatch(r"nbmon: CSVSender failed [1-9][0-9]* time\(s\): OSError: \[Errno 27\] "
                         r"cannot write to out\.csv: File too large", last), done.stderr
     assert ("Peak RSS" in done.stderr) is not quiet
     assert os.path.getsize(tmp_path / "out.csv") <= limit

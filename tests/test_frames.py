@@ -7,25 +7,18 @@ import math
 import numpy as np
 import pytest
 
-from nbmon.notebook.frames import (
-    MAX_FRAME_BYTES,
-    bucket_max,
-    build_frame,
-    decimate_minmax,
-    frame_bytes,
-    minmax_indices,
-)
+from nbmon.notebook.frames import MAX_FRAME_BYTES, bucket_max, build_frame, frame_bytes, minmax_indices
 from nbmon.store import Store
 
 COLUMNS = ("proc_cpu_percent", "sys_cpu_percent", "proc_rss_mb", "sys_mem_used_mb")
 ALL_COLUMNS = COLUMNS + tuple(f"extra{i}" for i in range(26))  # ~30 columns, like a real run
 
 
-def reference_minmax(t, v, budget):
-    """Per-bucket loop over the same bucket edges: what decimate_minmax must equal."""
+def reference_indices(v, budget):
+    """Per-bucket loop over the same bucket edges: what minmax_indices must equal."""
     n = len(v)
     if n <= budget:
-        return np.asarray(t), np.asarray(v)
+        return None
     buckets = budget // 2
     size, longer = divmod(n, buckets)
     lengths = [size + 1] * longer + [size] * (buckets - longer)
@@ -38,99 +31,79 @@ def reference_minmax(t, v, budget):
         else:
             lo, hi = int(np.nanargmin(chunk)), int(np.nanargmax(chunk))
         idx += [a + min(lo, hi), a + max(lo, hi)]
-    idx = np.array(idx)
-    return np.asarray(t)[idx], np.asarray(v)[idx]
+    return np.array(idx)
 
 
-# -- decimate_minmax ---------------------------------------------------------
+# -- minmax_indices ----------------------------------------------------------
 
 
 @pytest.mark.parametrize("where", [0, 1, 4_321, 99_998, 99_999])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_single_sample_spike_survives(where, sign):
     n = 100_000
-    t = np.arange(n) * 0.1
     v = np.sin(np.arange(n) / 500.0)
     v[where] = 1000.0 * sign
-    t_out, v_out = decimate_minmax(t, v, 2000)
-    assert len(v_out) <= 2000
-    assert v_out.max() == v.max()
-    assert v_out.min() == v.min()
-    # and the spike sits at its own time
-    k = int(np.flatnonzero(v_out == 1000.0 * sign)[0])
-    assert t_out[k] == t[where]
+    idx = minmax_indices(v, 2000)
+    assert len(idx) <= 2000
+    assert v[idx].max() == v.max()
+    assert v[idx].min() == v.min()
+    assert where in idx  # the spike keeps its own sample (and so its time)
 
 
 @pytest.mark.parametrize("n", [3, 1_999, 2_000, 2_001, 2_999, 10_007, 123_457])
 @pytest.mark.parametrize("budget", [2, 3, 10, 999, 2_000])
 def test_budget_respected_time_order_kept_and_matches_reference(n, budget):
     rng = np.random.default_rng(n * 7 + budget)
-    t = np.cumsum(rng.random(n)) + 5.0
     v = rng.normal(size=n)
-    t_out, v_out = decimate_minmax(t, v, budget)
-    assert len(t_out) == len(v_out) <= budget
-    assert np.all(np.diff(t_out) >= 0)
-    ref_t, ref_v = reference_minmax(t, v, budget)
-    np.testing.assert_array_equal(t_out, ref_t)
-    np.testing.assert_array_equal(v_out, ref_v)
-    if n > budget:
-        assert len(v_out) == budget // 2 * 2      # the whole budget is used
-        assert v_out.max() == v.max() and v_out.min() == v.min()
+    idx = minmax_indices(v, budget)
+    ref = reference_indices(v, budget)
+    if n <= budget:
+        assert idx is None and ref is None
+        return
+    assert len(idx) == budget // 2 * 2 <= budget      # the whole budget is used
+    assert np.all(np.diff(idx) >= 0)                  # time order
+    np.testing.assert_array_equal(idx, ref)
+    assert v[idx].max() == v.max() and v[idx].min() == v.min()
 
 
-def test_short_series_is_returned_unchanged():
-    t = np.arange(5.0)
+def test_short_series_needs_no_reduction():
     v = np.array([1.0, np.nan, 3.0, 2.0, 0.0])
-    t_out, v_out = decimate_minmax(t, v, 5)
-    assert t_out is t and v_out is v
     assert minmax_indices(v, 5) is None
-
-
-def test_dtype_is_kept():
-    v = np.arange(10_000, dtype=np.float32)
-    t_out, v_out = decimate_minmax(np.arange(10_000, dtype=np.float64), v, 100)
-    assert v_out.dtype == np.float32 and t_out.dtype == np.float64
+    assert minmax_indices(v, 6) is None
+    assert minmax_indices(v, 4) is not None
 
 
 def test_all_nan_buckets_give_nan_and_partial_nan_buckets_ignore_it():
     n, budget = 10_000, 100                       # 50 buckets of 200
-    t = np.arange(n, dtype=float)
     v = np.ones(n)
     v[:200] = np.nan                              # bucket 0: all NaN
     v[200:399] = np.nan                           # bucket 1: NaN except its last sample
     v[399] = 7.0
     v[400] = np.nan                               # bucket 2 starts with NaN, has a dip
     v[450] = -3.0
-    t_out, v_out = decimate_minmax(t, v, budget)
-    assert len(v_out) == budget
+    idx = minmax_indices(v, budget)
+    v_out = v[idx]
+    assert len(idx) == budget
     assert np.isnan(v_out[0]) and np.isnan(v_out[1])
-    assert v_out[2] == v_out[3] == 7.0 and t_out[2] == t_out[3] == 399.0
-    assert -3.0 in v_out[4:6] and 450.0 in t_out[4:6]
+    assert v_out[2] == v_out[3] == 7.0 and idx[2] == idx[3] == 399
+    assert -3.0 in v_out[4:6] and 450 in idx[4:6]
     assert not np.isnan(v_out[2:]).any()
-    ref_t, ref_v = reference_minmax(t, v, budget)
-    np.testing.assert_array_equal(t_out, ref_t)
-    np.testing.assert_array_equal(v_out, ref_v)
+    np.testing.assert_array_equal(idx, reference_indices(v, budget))
 
 
 def test_all_nan_series_and_infinities():
     v = np.full(5_000, np.nan)
-    t_out, v_out = decimate_minmax(np.arange(5_000.0), v, 10)
-    assert len(v_out) == 10 and np.isnan(v_out).all()
+    idx = minmax_indices(v, 10)
+    assert len(idx) == 10 and np.isnan(v[idx]).all()
     v = np.zeros(5_000)
     v[10], v[20] = np.inf, -np.inf
-    _, v_out = decimate_minmax(np.arange(5_000.0), v, 10)
-    assert np.inf in v_out and -np.inf in v_out
+    assert {10, 20} <= set(minmax_indices(v, 10).tolist())
 
 
 @pytest.mark.parametrize("budget", [0, 1, -4, 2.5, True, None])
 def test_bad_budget_is_refused(budget):
     with pytest.raises(ValueError, match="budget"):
-        decimate_minmax(np.arange(10.0), np.arange(10.0), budget)
-
-
-def test_mismatched_shapes_are_refused():
-    with pytest.raises(ValueError, match="equal length"):
-        decimate_minmax(np.arange(10.0), np.arange(9.0), 4)
+        minmax_indices(np.arange(10.0), budget)
 
 
 def test_bucket_max_keeps_peaks_on_a_shared_time_axis():

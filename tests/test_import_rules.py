@@ -32,10 +32,12 @@ LAYERS = (
     "sources.procfs", "sources.peaks", "sources.proctree", "sources.machine", "sources.cgroup",
     "sources.nvml", "sources",
     "sampler", "helper", "store", "summary", "senders", "consumers", "tables", "monitor",
-    "notebook.frames", "notebook.charts", "notebook.meter", "notebook.dashboard", "notebook.session",
+    "notebook.frames", "notebook.charts", "notebook.meter", "notebook.dashboard",
+    "dask.wire", "notebook.cluster", "dask.feeds", "dask.worker", "dask.client", "dask",
+    "notebook.session",
     "compat.calibrax", "compat.scaffold", "compat",
     "notebook.magics", "notebook",
-    "cli", "demo",
+    "ranks", "cli", "demo",
 )
 # What each package may reach outside itself.
 PACKAGE_MAY_IMPORT = {
@@ -44,7 +46,7 @@ PACKAGE_MAY_IMPORT = {
     "compat": None,     # anything before it in LAYERS but notebook
 }
 
-HEAVY = ("IPython", "plotly", "pandas", "pynvml")
+HEAVY = ("IPython", "plotly", "pandas", "pynvml", "distributed")
 
 
 def loaded_after(statement: str) -> dict[str, bool]:
@@ -174,10 +176,15 @@ def own_module(target: str) -> str | None:
     return ".".join(parts) if parts else None
 
 
-@pytest.mark.parametrize("library, owner", [("IPython", "notebook.magics"), ("plotly", "notebook.dashboard"),
-                                            ("pynvml", "sources.nvml")])
-def test_heavy_library_is_imported_in_one_module_only(library, owner):
-    offenders = [i for m, imps in ALL_IMPORTS.items() if m != owner for i in imps
+# library -> the modules (or packages) that may import it
+OWNERS = {"IPython": ("notebook.magics",), "plotly": ("notebook.dashboard", "notebook.cluster"),
+          "pynvml": ("sources.nvml",), "distributed": ("dask",)}
+
+
+@pytest.mark.parametrize("library, owners", sorted(OWNERS.items()))
+def test_heavy_library_is_imported_by_its_owners_only(library, owners):
+    offenders = [i for m, imps in ALL_IMPORTS.items()
+                 if not any(m == o or m.startswith(o + ".") for o in owners) for i in imps
                  if i.target == library or i.target.startswith(library + ".")]
     assert offenders == []
 

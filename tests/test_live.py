@@ -9,33 +9,16 @@ import threading
 
 import numpy as np
 import pytest
-from comm.base_comm import BaseComm
 
-from helpers import wait_until
-from nbmon.notebook.dashboard import THREAD_NAME, Dashboard, frame_bytes
+from helpers import RecordingComm, wait_until
 from nbmon.monitor import Monitor
+from nbmon.notebook.dashboard import THREAD_NAME, Dashboard, frame_bytes
 
 POLL_S = 10.0  # upper bound of every wait below; they normally end in milliseconds
 
 
 def live_threads():
     return [t for t in threading.enumerate() if t.name == THREAD_NAME]
-
-
-class RecordingComm(BaseComm):
-    """A comm that keeps what it would publish, buffers included."""
-
-    def __init__(self, **kwargs):
-        self.published = []
-        super().__init__(**kwargs)
-
-    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
-        self.published.append((msg_type, json.loads(json.dumps(data)), [bytes(b) for b in buffers or ()]))
-
-    def updates(self):
-        return [(data["state"], data.get("buffer_paths", []), buffers)
-                for kind, data, buffers in self.published
-                if kind == "comm_msg" and data.get("method") == "update"]
 
 
 @pytest.fixture
@@ -127,7 +110,7 @@ def test_traces_grow_as_samples_arrive(stopped, dashboards):
         assert isinstance(tr.y, np.ndarray) and tr.y.dtype == np.float32
         assert tr.x[-1] == 0.0 and tr.x[0] < 0.0
     assert trace(d, "proc_rss_mb").y[-1] == 1536.0
-    assert d.widget.layout.title.text == "CPU 42.0 % · RSS 1.50 GiB"
+    assert d.widget.layout.title.text == "CPU 42.0 % · RSS 1.5 GiB"
     assert d.refreshes == 4 and d.errors == 0
 
 
@@ -152,7 +135,7 @@ def test_a_frame_is_one_message_with_binary_float32_buffers(stopped, dashboards)
     dashboards.append(d)
     d.widget.comm = comm = RecordingComm(target_name="jupyter.widget")
     assert d.refresh()
-    frames = [(state, paths, buffers) for state, paths, buffers in comm.updates()
+    frames = [(state, paths, buffers) for state, paths, buffers in comm.update_messages()
               if state.get("_py2js_update")]
     assert len(frames) == 1
     state, paths, buffers = frames[0]
@@ -268,12 +251,11 @@ def test_gpu_rows_per_device(fake_gpus, dashboards):
     m = Monitor(interval=0.02).start()
     try:
         wait_until(lambda: m.store.seq >= 2, timeout=POLL_S, what="two samples")
-        assert len(m.gpus.devices) == 2
+        assert len(m.sources.gpus.devices) == 2
         d = Dashboard(m, start=False)
     finally:
         m.stop()
     dashboards.append(d)
-    assert d.gpu_indices == [0, 1]
     assert d.columns[4:] == ["gpu0_util_percent", "gpu1_util_percent", "gpu0_mem_used_mb", "gpu1_mem_used_mb"]
     assert [tr.xaxis for tr in d.widget.data][4:] == ["x3", "x3", "x4", "x4"]
     assert tuple(d.widget.layout.xaxis4.range) == (-600.0, 0.0)
@@ -281,7 +263,7 @@ def test_gpu_rows_per_device(fake_gpus, dashboards):
     assert set(trace(d, "gpu0_util_percent").y.tolist()) == {37.0}
     assert set(trace(d, "gpu1_mem_used_mb").y.tolist()) == {20 * 1024.0}
     title = d.widget.layout.title.text
-    assert "GPU 68.0 %" in title and "GPU mem 21.00 GiB" in title
+    assert "GPU 68.0 %" in title and "GPU mem 21.0 GiB" in title
     # a dashboard built after the stop (devices closed) still has the GPU rows
     later = Dashboard(m, start=False)
     dashboards.append(later)

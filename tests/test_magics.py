@@ -217,6 +217,21 @@ def test_line_magic_starts_one_monitor_and_stop_ends_every_thread(ip):
     assert cap.stdout.startswith("nbmon: stopped")
 
 
+def test_nbmon_monitor_is_the_one_resmon_shows_and_feeds_a_sink_of_ones_own(ip):
+    got: list[dict] = []
+    monitor = nbmon.monitor(interval=0.05, gpu=False, consumers=[got.append])
+    assert monitor is SESSION.monitor and monitor.running and monitor.interval == 0.05
+    assert nbmon.monitor(interval=1.0) is monitor and monitor.interval == 0.05  # running: the same one
+    with capture_output() as cap:
+        ip.run_line_magic("resmon", "")  # its dashboard shows the same monitor
+    assert SESSION.monitor is monitor and samplers() == 1 and WIDGET_MIME in cap.outputs[0].data
+    wait_until(lambda: len(got) >= 3, what="three samples at the sink")
+    with capture_output():
+        ip.run_line_magic("resmon", "stop")
+    wait_until(lambda: not thread_names(), timeout=5.0, what="every nbmon thread to end after stop")
+    assert [e["time"] for e in got] == monitor.store.rows_since(0)[1].tolist()  # every sample, once
+
+
 def test_samples_frame_round_trips_through_csv_and_parquet(ip, tmp_path):
     with capture_output():
         ip.run_line_magic("resmon", "--interval 0.05")

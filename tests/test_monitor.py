@@ -10,12 +10,11 @@ import threading
 import numpy as np
 import pytest
 
-from helpers import burn_cpu, fd_count, free_pid, nbmon_threads, wait_until
+from helpers import DEADLINE_S, StubSource, burn_cpu, fd_count, free_pid, nbmon_threads, wait_until
 from nbmon.monitor import Monitor
 from nbmon.summary import ResourceSummary
 
 MIB = 1024 * 1024
-DEADLINE_S = 30.0
 
 
 def samples_after(monitor: Monitor, n: int):
@@ -127,7 +126,7 @@ def test_run_on_a_child_that_exits_ends_by_itself():
     try:
         m = Monitor(pid=p.pid, interval=0.05, gpu=False).start()
         samples_after(m, 3)
-        assert m.running and m.tree.root_alive
+        assert m.running and m.sources.tree.root_alive
         p.stdin.close()  # it exits; nobody reaps it yet
         wait_until(lambda: not m.running, timeout=DEADLINE_S, what="the run to end when its process exited")
         s = m.summary()
@@ -198,29 +197,14 @@ def test_bad_max_bytes_raises_and_starts_nothing(max_bytes):
     assert threading.active_count() == threads and fd_count() == fds
 
 
-class Flaky:
-    name = "flaky"
-    fields = ("flaky_value",)
-
-    def __init__(self):
-        self.calls = 0
-        self.closed = 0
-
-    def start(self, now):
-        pass
-
-    def sample(self, now):
-        self.calls += 1
-        if self.calls % 2:
-            raise RuntimeError("odd call")
-        return (float(self.calls),)
-
-    def close(self):
-        self.closed += 1
+def fails_on_odd_calls(call):
+    if call % 2:
+        raise RuntimeError("odd call")
+    return {"flaky_value": float(call)}
 
 
 def test_a_failing_extra_source_is_isolated():
-    flaky = Flaky()
+    flaky = StubSource("flaky", ("flaky_value",), behave=fails_on_odd_calls)
     m = Monitor(interval=0.02, gpu=False, extra_sources=[flaky]).start()
     try:
         wait_until(lambda: flaky.calls >= 6, timeout=DEADLINE_S, what="six calls")
@@ -235,28 +219,16 @@ def test_a_failing_extra_source_is_isolated():
 
 @pytest.mark.allow_stuck_thread
 def test_stop_is_bounded_with_a_stuck_source():
-    release, entered = threading.Event(), threading.Event()
-
-    class Stuck(Flaky):
-        name = "stuck"
-
-        def sample(self, now):
-            self.calls += 1
-            if self.calls == 3:
-                entered.set()
-                release.wait(10)
-            return (1.0,)
-
-    stuck = Stuck()
+    stuck = StubSource("stuck", ("stuck_value",), stuck_on=3)
     m = Monitor(interval=0.05, gpu=False, system=False, extra_sources=[stuck]).start()
     thread = m._sampler._thread
     try:
-        assert entered.wait(DEADLINE_S)
+        assert stuck.entered.wait(DEADLINE_S)
         seq = m.store.seq
         assert m.stop() is False  # returns, leaving the stuck thread behind
         assert not m.running
     finally:
-        release.set()
+        stuck.release.set()
     wait_until(lambda: not thread.is_alive(), timeout=DEADLINE_S, what="the abandoned thread to exit")
     assert m.store.seq == seq  # it never wrote again
     assert stuck.closed == 1

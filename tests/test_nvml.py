@@ -13,12 +13,15 @@ import pytest
 
 import nbmon
 import nbmon.sources.nvml as nvml
+from nbmon import catalog
 from fake_nvml import init_refcount, unload_from_pynvml
 from helpers import in_forked_child, wait_until
 from nbmon.monitor import Monitor
 
 MIB = 1 << 20
 GIB = 1 << 30
+TOTALS = catalog.names(catalog.GPU)            # all GPUs together
+PER_DEVICE = catalog.names(catalog.DEVICE)     # each GPU: column gpu<i>_<name>
 
 DEV_A = dict(name="FakeGPU-A", util_gpu=37, util_mem=12, mem_total=80 * GIB,
              mem_used=1536 * MIB, temp=55, power_mw=123_456, power_limit_mw=700_000,
@@ -36,8 +39,8 @@ def started(tree_pids=lambda: ()) -> nvml.GPUs:
 
 def read(gpus: nvml.GPUs) -> dict[str, float]:
     row = gpus.sample(0.0)
-    assert len(row) == len(gpus.fields)
-    return dict(zip(gpus.fields, row))
+    assert set(row) == set(gpus.fields)
+    return row
 
 
 def is_nan(x) -> bool:
@@ -59,10 +62,9 @@ def test_two_devices_per_device_fields_and_totals(fake_gpu):
     fake_gpu.set(devices=[DEV_A, DEV_B])
     gpus = started()
     assert nvml.status() == "ok" and gpus.state == "ok"
-    assert nvml.device_count() == 2
-    assert gpus.fields[:len(nvml.TOTAL_FIELDS)] == nvml.TOTAL_FIELDS
-    assert set(gpus.fields) == set(nvml.TOTAL_FIELDS) | {
-        f"gpu{i}_{f}" for i in (0, 1) for f in nvml.DEVICE_FIELDS}
+    assert nvml._device_count == 2
+    assert gpus.fields[:len(TOTALS)] == TOTALS
+    assert set(gpus.fields) == set(TOTALS) | {catalog.device_column(i, f) for i in (0, 1) for f in PER_DEVICE}
     v = read(gpus)
 
     assert v["gpu0_util_percent"] == 37 and v["gpu1_util_percent"] == 99
@@ -142,7 +144,7 @@ def test_gpu_lost_mid_run(fake_gpu):
     assert read(gpus)["gpu1_util_percent"] == 99
     fake_gpu.update(errors={(1, "all"): pynvml.NVML_ERROR_GPU_IS_LOST})
     v = read(gpus)
-    assert all(is_nan(v[f"gpu1_{f}"]) for f in nvml.DEVICE_FIELDS)
+    assert all(is_nan(v[f"gpu1_{f}"]) for f in PER_DEVICE)
     assert v["gpu0_util_percent"] == 37 and v["gpu0_mem_used_mb"] == 1536.0
     assert v["gpu_util_percent"] == 37 and v["gpu_mem_used_mb"] == 1536.0
     assert gpus.state == "GPU 1 lost"
@@ -200,10 +202,10 @@ def test_library_missing(fake_gpu, monkeypatch):
     unload_from_pynvml()
     nvml.shutdown()
     gpus = started()
-    assert gpus.devices == [] and gpus.fields == () and gpus.sample(0.0) == ()
+    assert gpus.devices == [] and gpus.fields == () and gpus.sample(0.0) == {}
     assert nvml.status() == "NVML library not found (no NVIDIA driver installed)"
     assert gpus.state == nvml.status()
-    assert nvml.init() is False and nvml.device_count() == 0
+    assert nvml.init() is False and nvml._device_count == 0
 
 
 def test_library_path_that_does_not_exist(fake_gpu, monkeypatch, tmp_path):
@@ -225,7 +227,7 @@ def test_driver_not_loaded(fake_gpu):
 def test_no_devices(fake_gpu):
     fake_gpu.set(devices=[])
     gpus = started()
-    assert gpus.fields == () and gpus.sample(0.0) == ()
+    assert gpus.fields == () and gpus.sample(0.0) == {}
     assert nvml.status() == "no NVIDIA device found"
     assert gpus.state == "no NVIDIA device found"
 
@@ -276,7 +278,7 @@ def test_process_memory_counts_only_the_monitored_tree(fake_gpu, child):
     mon.start()
     try:
         # The child is found at start (nbmon's tree is this process and its children).
-        assert {os.getpid(), child.pid} <= set(mon.tree.pids)
+        assert {os.getpid(), child.pid} <= set(mon.sources.tree.pids)
         latest = wait_until(lambda: mon.latest() or None, timeout=20.0, what="a sample")
     finally:
         mon.stop()
@@ -312,7 +314,7 @@ def test_forked_child_initialises_again(fake_gpu):
     assert nvml._init_pid == parent
 
     answer = in_forked_child(timeout=20, body=lambda: f"{nvml.init()} {nvml._init_pid} {os.getpid()} "
-                                      f"{nvml.device_count()} {nvml.status()}")
+                                      f"{nvml._device_count} {nvml.status()}")
     ok, init_pid, child_pid, count, status = answer.split(" ", 4)
     assert ok == "True" and init_pid == child_pid != str(parent)
     assert count == "2" and status == "ok"

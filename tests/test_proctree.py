@@ -16,12 +16,13 @@ import time
 import numpy as np
 import pytest
 
-from helpers import burn_cpu, fd_count, free_pid, wait_until
-from nbmon.sources.proctree import FIELDS, ProcessTree
+from helpers import DEADLINE_S, burn_cpu, fd_count, free_pid, wait_until
+from nbmon import catalog
+from nbmon.sources.proctree import ProcessTree
 
 MIB = 1024 * 1024
 BACKENDS = [pytest.param(True, id="proc"), pytest.param(False, id="psutil")]
-DEADLINE_S = 30.0  # generous bound for polls on a loaded machine
+FIELDS = catalog.names(catalog.TREE)
 
 DRIVER = r"""
 import json, sys
@@ -77,11 +78,10 @@ class Driver:
             raise RuntimeError(f"driver: {reply['error']}")
         return reply["ok"]
 
-    def children_cpu_s(self) -> float:
-        return self.run("t = os.times(); out = t.children_user + t.children_system")
-
-    def own_cpu_s(self) -> float:
-        return self.run("out = time.process_time()")
+    def cpu_s(self) -> tuple[float, float]:
+        """The kernel's account: (CPU of its reaped descendants, its own CPU)."""
+        kids, own = self.run("t = os.times(); out = [t.children_user + t.children_system, time.process_time()]")
+        return kids, own
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -102,19 +102,19 @@ def driver():
 
 
 def sample(tree: ProcessTree) -> dict[str, float]:
-    return dict(zip(FIELDS, tree.sample(time.monotonic())))
+    return tree.sample(time.monotonic())
 
 
-def poll(tree: ProcessTree, cond, what: str, pause: float = 0.01) -> dict[str, float]:
-    """Sample until ``cond(sample)`` holds; fail after a generous deadline."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        s = sample(tree)
-        if cond(s):
-            return s
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}; last sample {s}")
-        time.sleep(pause)
+def poll(tree: ProcessTree, cond, what: str) -> dict[str, float]:
+    """Sample until ``cond(sample)`` holds (that sample); fail after DEADLINE_S."""
+    last: dict[str, float] = {}
+
+    def holds():
+        last.clear()
+        last.update(sample(tree))
+        return dict(last) if cond(last) else None
+
+    return wait_until(holds, what=lambda: f"{what}; last sample {last}")
 
 
 def wait_for_file(path) -> None:
@@ -130,7 +130,7 @@ def test_backend_and_fields(use_proc):
     tree.start()
     try:
         s = sample(tree)
-        assert len(s) == len(FIELDS) == len(tree.fields)
+        assert tree.fields == FIELDS and set(s) == set(FIELDS)
         assert all(type(v) is float for v in s.values())
         assert s["proc_count"] == 1.0
         assert tree.pids == (os.getpid(),)
@@ -152,7 +152,7 @@ def test_first_sample_after_start_has_true_cpu_percent(use_proc):
         burn_cpu(0.3)
         c1 = time.process_time()
         t1 = time.monotonic()
-        first = dict(zip(FIELDS, tree.sample(t1)))
+        first = tree.sample(t1)
     finally:
         tree.close()
     assert first["proc_cpu_percent"] > 0
@@ -175,7 +175,7 @@ def test_cpu_percent_never_exceeds_all_cpus_and_integrates_to_cpu_time(use_proc)
     try:
         burn_cpu(0.3)
         times = [0.001, 0.002, 10.0, 20.0]
-        rows = [dict(zip(FIELDS, tree.sample(t))) for t in times]
+        rows = [tree.sample(t) for t in times]
     finally:
         tree.close()
     assert rows[0]["proc_cpu_percent"] == pytest.approx(cap)
@@ -204,7 +204,7 @@ def test_child_burning_a_core_reads_its_cpu_percent(use_proc, driver, tmp_path):
             t_a = time.monotonic()
             values = tree.sample(t_a)
             t_b = time.monotonic()
-            samples.append((t_a, t_b, dict(zip(FIELDS, values)), child in tree.pids))
+            samples.append((t_a, t_b, values, child in tree.pids))
             if t_b - samples[0][0] > DEADLINE_S:
                 pytest.fail("the burning child never finished")
             time.sleep(0.05)
@@ -233,6 +233,15 @@ def test_child_burning_a_core_reads_its_cpu_percent(use_proc, driver, tmp_path):
     assert after["proc_cpu_time_s"] - before["proc_cpu_time_s"] == pytest.approx(marks[-1, 1], abs=0.15)
 
 
+def assert_counted_once(before, after, cpu0, cpu1) -> None:
+    """Between two samples the tree's CPU time grew by what the kernel says the
+    driver used, itself and through its reaped descendants (>= 0.5 s burnt)."""
+    (kids0, own0), (kids1, own1) = cpu0, cpu1
+    assert kids1 - kids0 >= 0.5
+    grown = after["proc_cpu_time_s"] - before["proc_cpu_time_s"]
+    assert grown == pytest.approx((kids1 - kids0) + (own1 - own0), abs=0.05)
+
+
 @pytest.mark.parametrize("use_proc", BACKENDS)
 @pytest.mark.parametrize("seen_alive", [True, False], ids=["discovered", "never-seen"])
 def test_cpu_of_reaped_children_is_counted_once(use_proc, seen_alive, driver, tmp_path):
@@ -241,22 +250,19 @@ def test_cpu_of_reaped_children_is_counted_once(use_proc, seen_alive, driver, tm
     marks_path = tmp_path / "marks.json"
     try:
         before = sample(tree)
-        kids0, own0 = driver.children_cpu_s(), driver.own_cpu_s()
+        cpu0 = driver.cpu_s()
         child = driver.run(f"p = subprocess.Popen([sys.executable, '-c', {BURN!r}, {str(marks_path)!r}, '0.5']);"
                            " out = p.pid")
         if seen_alive:
             poll(tree, lambda s: child in tree.pids, "the child to be discovered")
         wait_for_file(marks_path)
         driver.run("p.wait()")
-        kids1, own1 = driver.children_cpu_s(), driver.own_cpu_s()
+        cpu1 = driver.cpu_s()
         after = poll(tree, lambda s: child not in tree.pids, "the reaped child to leave")
         later = sample(tree)
     finally:
         tree.close()
-    child_cpu = kids1 - kids0  # the kernel's account of the reaped child
-    assert child_cpu >= 0.5
-    grown = after["proc_cpu_time_s"] - before["proc_cpu_time_s"]
-    assert grown == pytest.approx(child_cpu + (own1 - own0), abs=0.05)
+    assert_counted_once(before, after, cpu0, cpu1)
     assert later["proc_cpu_time_s"] >= after["proc_cpu_time_s"] - 0.02
     assert after["proc_count"] == 1
     assert tree.gone == (1 if seen_alive else 0)
@@ -280,7 +286,7 @@ def test_child_and_grandchild_gone_in_one_interval_are_counted_once(use_proc, dr
     marks_path = tmp_path / "marks.json"
     try:
         before = sample(tree)
-        kids0, own0 = driver.children_cpu_s(), driver.own_cpu_s()
+        cpu0 = driver.cpu_s()
         # The grandchild burns, then waits on the child's stdin (inherited) before exiting.
         hold = BURN + "\nsys.stdin.read()\n"
         child = driver.run(
@@ -291,14 +297,12 @@ def test_child_and_grandchild_gone_in_one_interval_are_counted_once(use_proc, dr
              "child and grandchild with the burnt CPU in the tree")
         assert child in tree.pids
         driver.run("p.stdin.close(); p.wait()")  # both exit; each parent reaps its child
-        kids1, own1 = driver.children_cpu_s(), driver.own_cpu_s()
+        cpu1 = driver.cpu_s()
         after = sample(tree)
     finally:
         tree.close()
     assert after["proc_count"] == 1
-    grown = after["proc_cpu_time_s"] - before["proc_cpu_time_s"]
-    assert kids1 - kids0 >= 0.5
-    assert grown == pytest.approx((kids1 - kids0) + (own1 - own0), abs=0.05)
+    assert_counted_once(before, after, cpu0, cpu1)
 
 
 # -- memory, counts, grandchildren ---------------------------------------------
@@ -376,11 +380,11 @@ def test_exact_peak_catches_a_short_spike_every_time():
         t = 0.0
         for trial in range(20):
             t += 1.0  # a fake clock: every sample here is one second apart, so a full one
-            s1 = dict(zip(FIELDS, tree.sample(t)))
+            s1 = tree.sample(t)
             assert s1["proc_rss_peak_mb"] < s1["proc_rss_mb"] + 50, f"trial {trial}: stale peak {s1}"
             spike_160mib()
             t += 1.0
-            s2 = dict(zip(FIELDS, tree.sample(t)))
+            s2 = tree.sample(t)
             assert s2["proc_rss_mb"] < s1["proc_rss_mb"] + 50, "the spike was not returned to the OS"
             assert s2["proc_rss_peak_mb"] >= s1["proc_rss_mb"] + 155, f"trial {trial}: spike missed {s1} {s2}"
     finally:
@@ -393,10 +397,10 @@ def test_spike_between_fast_samples_is_in_the_next_full_sample():
     try:
         for trial in range(5):
             t0 = 10.0 * (trial + 1)
-            s1 = dict(zip(FIELDS, tree.sample(t0)))         # full
+            s1 = tree.sample(t0)         # full
             spike_160mib()
-            s2 = dict(zip(FIELDS, tree.sample(t0 + 0.5)))   # fast: RSS only
-            s3 = dict(zip(FIELDS, tree.sample(t0 + 1.0)))   # full: the kernel's peak since s1
+            s2 = tree.sample(t0 + 0.5)   # fast: RSS only
+            s3 = tree.sample(t0 + 1.0)   # full: the kernel's peak since s1
             assert s2["proc_rss_peak_mb"] == s2["proc_rss_mb"]
             assert s3["proc_rss_peak_mb"] >= s1["proc_rss_mb"] + 155, (trial, s1, s3)
     finally:
@@ -479,7 +483,7 @@ def test_root_that_exited_is_not_alive_even_before_it_is_reaped(use_proc):
         assert p.poll() is not None  # reap it now
         for _ in range(3):  # a tree whose root is gone keeps answering
             s = sample(tree)
-            assert len(s) == len(FIELDS)
+            assert set(s) == set(FIELDS)
         assert not tree.root_alive
         assert s["proc_count"] == 0
     finally:

@@ -7,8 +7,8 @@ lines (run with ``-s`` to see them).
 
 Already proven elsewhere, not repeated here:
   - every fault kind through a Sampler on a fake clock: test_sampler.py::test_source_raising_every_call,
-    ::test_source_raising_every_third_call, ::test_source_returning_none, ::test_source_returning_a_non_number,
-    ::test_source_returning_negative_values, ::test_source_returning_the_wrong_number_of_values
+    ::test_source_raising_every_third_call, ::test_source_returning_no_dict, ::test_source_returning_a_non_number,
+    ::test_source_returning_negative_values, ::test_source_leaving_out_a_field
   - a source failing every other call in a real Monitor: test_monitor.py::test_a_failing_extra_source_is_isolated
   - another user's process, read statically: test_proctree.py::test_other_users_process_gives_numbers_or_nan
   - children exiting between samples (both backends): test_proctree.py::test_children_exiting_between_samples
@@ -23,56 +23,32 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
-import sys
-import textwrap
 import time
 import warnings
 
 import numpy as np
 import pytest
-from helpers import figure, wait_until
+from helpers import (DEADLINE_S, StubSource, disk_full_run, figure, in_forked_child, sigkill_mid_write,
+                     wait_until)
 
+from nbmon import catalog
+from nbmon.consumers import SampleForwarder
 from nbmon.monitor import Monitor
-from nbmon.sources.proctree import FIELDS, ProcessTree
-from nbmon.senders import CallbackSender, CSVSender, ForwardSamples, JSONLinesSender
+from nbmon.sources.proctree import ProcessTree
+from nbmon.senders import CallbackSender, CSVSender, JSONLinesSender
 
-DEADLINE_S = 30.0
-
-
-def poll(cond, what: str, timeout: float = DEADLINE_S):
-    return wait_until(cond, timeout=timeout, what=what)
-
-
+FIELDS = catalog.names(catalog.TREE)
 
 
 # -- broken sources through a running Monitor --------------------------------------------
 
 
-class Broken:
-    """One field; ``behave(call)`` gives the values or raises. Counts the calls
-    that are faults by design, so the monitor's count can be checked exactly."""
-
-    fields = ("broken_value",)
-
-    def __init__(self, name, behave, faulty):
-        self.name = name
-        self.behave = behave
-        self.faulty = faulty   # call -> whether that call is a fault
-        self.calls = 0
-        self.faults = 0
-
-    def start(self, now):
-        pass
-
-    def sample(self, now):
-        self.calls += 1
-        self.faults += self.faulty(self.calls)
-        return self.behave(self.calls)
-
-    def close(self):
-        pass
+def Broken(name, behave, faulty) -> StubSource:
+    """One field, ``broken_value``; ``behave(call)`` gives its answer or raises.
+    ``faulty(call)``: whether that call is a fault by design (counted in
+    ``faults``, so the monitor's count can be checked exactly)."""
+    return StubSource(name, ("broken_value",), behave=behave, faulty=faulty)
 
 
 def _raise(call):
@@ -82,16 +58,18 @@ def _raise(call):
 def _every_third(call):
     if call % 3 == 0:
         raise RuntimeError("every third call")
-    return (float(call),)
+    return {"broken_value": float(call)}
 
 
 BROKEN = {
     "raises-always": (_raise, lambda c: True),
     "raises-every-3rd": (_every_third, lambda c: c % 3 == 0),
     "returns-none": (lambda c: None, lambda c: True),
-    "returns-string": (lambda c: ("12",), lambda c: True),
-    "returns-garbage-text": (lambda c: "x", lambda c: True),  # a 1-char str: right length, wrong kind
-    "returns-negative": (lambda c: (-float(c),), lambda c: True),
+    "returns-string": (lambda c: {"broken_value": "12"}, lambda c: True),
+    "returns-garbage-text": (lambda c: "x", lambda c: True),  # text, not {field: value}
+    "returns-a-tuple": (lambda c: (float(c),), lambda c: True),  # the values without their names
+    "returns-another-field": (lambda c: {"other_value": float(c)}, lambda c: True),
+    "returns-negative": (lambda c: {"broken_value": -float(c)}, lambda c: True),
 }
 
 
@@ -104,9 +82,9 @@ def test_broken_source_in_a_running_monitor(kind):
         warnings.simplefilter("always")  # the once is the monitor's doing, not the registry's
         m.start()
         try:
-            poll(lambda: source.calls >= 20, "20 calls")
-            first = poll(lambda: m.faults.get(kind), "the fault to be counted").count
-            poll(lambda: m.faults[kind].count > first + 5, "the fault count to keep growing")
+            wait_until(lambda: source.calls >= 20, what="20 calls")
+            first = wait_until(lambda: m.faults.get(kind), what="the fault to be counted").count
+            wait_until(lambda: m.faults[kind].count > first + 5, what="the fault count to keep growing")
             assert m.running
             assert caught == []  # nothing said from the thread while it runs
         finally:
@@ -146,7 +124,7 @@ def test_a_restart_reports_the_new_runs_faults_once_again():
         for _ in range(2):
             m.start()
             try:
-                poll(lambda: m.faults.get("flaky") and m.faults["flaky"].count >= 3, "three faults")
+                wait_until(lambda: m.faults.get("flaky") and m.faults["flaky"].count >= 3, what="three faults")
             finally:
                 assert m.stop(timeout=DEADLINE_S)
     assert len([w for w in caught if "flaky" in str(w.message)]) == 2  # once per run
@@ -165,7 +143,7 @@ def test_resmon_status_prints_the_faults(monkeypatch):
     m = Monitor(interval=0.005, gpu=False, extra_sources=[source]).start()
     monkeypatch.setattr(SESSION, "monitor", m)
     try:
-        poll(lambda: source.calls >= 3, "three calls")
+        wait_until(lambda: source.calls >= 3, what="three calls")
         with capture_output() as cap:
             ip.run_line_magic("resmon", "status")
         line = [x for x in cap.stdout.splitlines() if x.startswith("fault: broken")]
@@ -190,17 +168,18 @@ def _as_nobody():
     os.setuid(65534)
 
 
-CPU_TIME = FIELDS.index("proc_cpu_time_s")
-
-
-def _check_row(row, bad: list, last: list) -> None:
-    """Every value a float, NaN or >= 0; the tree's CPU time never goes back."""
-    for name, v in zip(FIELDS, row):
+def _check_row(row: dict, bad: list, last: list) -> None:
+    """Every field of the tree there, each value a float, NaN or >= 0; the
+    tree's CPU time never goes back."""
+    if set(row) != set(FIELDS):
+        bad.append(("fields", sorted(row)))
+    for name, v in row.items():
         if type(v) is not float or not (math.isnan(v) or v >= 0):
             bad.append((name, v))
-    if last and row[CPU_TIME] < last[0]:
-        bad.append(("proc_cpu_time_s went back", last[0], row[CPU_TIME]))
-    last[:] = [row[CPU_TIME]]
+    cpu = row.get("proc_cpu_time_s", math.nan)
+    if last and cpu < last[0]:
+        bad.append(("proc_cpu_time_s went back", last[0], cpu))
+    last[:] = [cpu]
 
 
 @pytest.fixture
@@ -237,18 +216,19 @@ def test_psutil_backend_survives_another_users_children_coming_and_going(churner
 def test_proc_backend_monitor_survives_another_users_children_coming_and_going(churner_as_nobody):
     m = Monitor(pid=churner_as_nobody.pid, interval=0.005, gpu=False).start()
     try:
-        assert m.tree.backend == "proc"
-        poll(lambda: m.tree.gone >= 20, "20 children to come and go")
+        assert m.sources.tree.backend == "proc"
+        wait_until(lambda: m.sources.tree.gone >= 20, what="20 children to come and go")
         assert m.running
     finally:
         assert m.stop(timeout=DEADLINE_S)
     _, _, rows, _, _ = m.store.rows_since(0)
     bad: list = []
     last: list = []
+    assert m.fields[:len(FIELDS)] == FIELDS
     for row in rows[:len(FIELDS)].T.tolist():
-        _check_row(row, bad, last)
+        _check_row(dict(zip(FIELDS, row)), bad, last)
     count = rows[m.fields.index("proc_count")]
-    figure("proc backend, nobody's churning tree", samples=m.store.seq, gone=m.tree.gone,
+    figure("proc backend, nobody's churning tree", samples=m.store.seq, gone=m.sources.tree.gone,
            faults=len(m.faults), bad_values=len(bad), max_tree=int(count.max()))
     assert m.faults == {} and bad == []
     assert count.min() >= 1 and count.max() >= 2  # children were seen, and the root always
@@ -260,55 +240,35 @@ def test_unprivileged_monitor_of_roots_churning_tree_gets_access_denied_not_a_cr
     if os.geteuid() != 0:
         pytest.skip("dropping to user nobody needs root")
     churner = subprocess.Popen(["sh", "-c", CHURN])
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r)
-            out = {}
-            try:
-                _as_nobody()
-                for use_proc in (True, False):
-                    tree = ProcessTree(churner.pid, use_proc=use_proc, slow_every_s=0.0)
-                    tree.start()
-                    bad, last, n = [], [], 0
-                    deadline = time.monotonic() + 20
-                    while tree.gone < 10 and time.monotonic() < deadline:
-                        row = tree.sample(time.monotonic())
-                        _check_row(row, bad, last)
-                        n += 1
-                    out[tree.backend] = dict(samples=n, gone=tree.gone, bad=bad, alive=tree.root_alive,
-                                             peak_exact=tree.peak_exact,
-                                             io=row[FIELDS.index("proc_read_bytes")])
-                    tree.close()
-                m = Monitor(pid=churner.pid, interval=0.005, gpu=False).start()
-                deadline = time.monotonic() + 20
-                while m.tree.gone < 10 and time.monotonic() < deadline:
-                    time.sleep(0.005)
-                out["monitor"] = dict(gone=m.tree.gone, running=m.running, clean=m.stop(timeout=20),
-                                      faults={k: f.first_error for k, f in m.faults.items()})
-                code = 0
-            except BaseException as err:
-                out["error"] = repr(err)
-            os.write(w, json.dumps(out).encode())
-        finally:
-            os._exit(code)
-    os.close(w)
+
+    def as_nobody():
+        _as_nobody()
+        out = {}
+        for use_proc in (True, False):
+            tree = ProcessTree(churner.pid, use_proc=use_proc, slow_every_s=0.0)
+            tree.start()
+            bad, last, n = [], [], 0
+            deadline = time.monotonic() + 20
+            while tree.gone < 10 and time.monotonic() < deadline:
+                row = tree.sample(time.monotonic())
+                _check_row(row, bad, last)
+                n += 1
+            out[tree.backend] = dict(samples=n, gone=tree.gone, bad=bad, alive=tree.root_alive,
+                                     peak_exact=tree.peak_exact, io=row["proc_read_bytes"])
+            tree.close()
+        m = Monitor(pid=churner.pid, interval=0.005, gpu=False).start()
+        deadline = time.monotonic() + 20
+        while m.sources.tree.gone < 10 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        out["monitor"] = dict(gone=m.sources.tree.gone, running=m.running, clean=m.stop(timeout=20),
+                              faults={k: f.first_error for k, f in m.faults.items()})
+        return out
+
     try:
-        deadline = time.monotonic() + 90
-        while not os.waitpid(pid, os.WNOHANG)[0]:
-            if time.monotonic() > deadline:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                pytest.fail("the unprivileged sampler hung")
-            time.sleep(0.01)
-        with os.fdopen(r, "rb") as f:
-            out = json.loads(f.read())
+        out = in_forked_child(as_nobody, timeout=90)
     finally:
         churner.kill()
         churner.wait()
-    assert "error" not in out, out
     for backend in ("proc", "psutil"):
         got = out[backend]
         figure(f"unprivileged {backend} backend on root's churning tree", samples=got["samples"],
@@ -321,35 +281,8 @@ def test_unprivileged_monitor_of_roots_churning_tree_gets_access_denied_not_a_cr
 
 # -- line files ------------------------------------------------------------------------------
 
-KILLED_JSONL_CHILD = """
-    import sys, time
-    from nbmon.monitor import Monitor
-    from nbmon.senders import ForwardSamples, JSONLinesSender
-    mon = Monitor(interval=0.005, gpu=False,
-                  consumers=[ForwardSamples(JSONLinesSender(sys.argv[1]), every_s=0.01)])
-    mon.start()
-    while True:
-        time.sleep(1)
-"""
-
-
 def test_jsonl_sigkill_mid_run_leaves_only_whole_lines(tmp_path):
-    path = tmp_path / "killed.jsonl"
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILLED_JSONL_CHILD), str(path)],
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        def enough():
-            assert proc.poll() is None, proc.stderr.read()
-            return path.exists() and path.read_bytes().count(b"\n") >= 60
-
-        poll(enough, "60 lines")
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(20)
-        proc.stderr.close()
-    text = path.read_text()
+    text = sigkill_mid_write(tmp_path / "killed.jsonl", "JSONLinesSender", 60)
     lines = text.splitlines()
     broken = [line for line in lines if not line.startswith("{") or not line.endswith("}")]
     figure("JSONL SIGKILL mid-run", lines=len(lines), half_lines=len(broken) + (not text.endswith("\n")))
@@ -361,11 +294,11 @@ def test_jsonl_sigkill_mid_run_leaves_only_whole_lines(tmp_path):
 @pytest.mark.parametrize("cls", [CSVSender, JSONLinesSender])
 def test_process_backend_clean_stop_has_every_sample_in_the_file(tmp_path, cls):
     path = tmp_path / "samples.out"
-    forward = ForwardSamples(cls(path), every_s=0.02)
+    forward = SampleForwarder(cls(path), every_s=0.02)
     m = Monitor(interval=0.005, backend="process", gpu=False, consumers=[forward]).start()
     assert m.backend_used == "process"
     try:
-        poll(lambda: m.store.seq >= 50, "50 samples")
+        wait_until(lambda: m.store.seq >= 50, what="50 samples")
     finally:
         assert m.stop(timeout=DEADLINE_S)
     text = path.read_text()
@@ -380,61 +313,36 @@ def test_restarted_monitor_forwards_every_sample_of_every_run():
     # The forwarder's cursor used to carry over into the next run's store,
     # skipping that run's first samples.
     got: list[dict] = []
-    forward = ForwardSamples(CallbackSender(got.append), every_s=0.01)
+    forward = SampleForwarder(CallbackSender(got.append), every_s=0.01)
     m = Monitor(interval=0.005, gpu=False, system=False, consumers=[forward])
     lost = []
     for _ in range(3):
         before = len(got)
         m.start()
         try:
-            poll(lambda: m.store.seq >= 30, "30 samples")
+            wait_until(lambda: m.store.seq >= 30, what="30 samples")
         finally:
             assert m.stop(timeout=DEADLINE_S)
         run = got[before:]
         walls = m.store.rows_since(0)[1].tolist()
         lost.append(len(walls) - len(run))
         assert [e["time"] for e in run] == walls
-        assert run[0]["elapsed_s"] == 0.0
+        # Seconds since this run's start, not the first run's.
+        assert run[0]["elapsed_s"] == m.store.rows_since(0)[0][0] - m.store.t_start
+        assert 0 < run[0]["elapsed_s"] < 1.0
     figure("restart x3 with a forwarder", lost_per_run=lost)
     assert lost == [0, 0, 0]
-
-
-DISK_FULL_JSONL_CHILD = """
-    import json, resource, sys, time
-    from nbmon.monitor import Monitor
-    from nbmon.senders import ForwardSamples, JSONLinesSender
-
-    path, limit = sys.argv[1], int(sys.argv[2])
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # SIGXFSZ is ignored: EFBIG
-    forward = ForwardSamples(JSONLinesSender(path), every_s=0.02)
-    mon = Monitor(interval=0.005, gpu=False, consumers=[forward]).start()
-    deadline = time.monotonic() + 30
-    while not mon.faults and time.monotonic() < deadline:
-        time.sleep(0.005)
-    seq = mon.store.seq
-    while mon.store.seq < seq + 20 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    running = mon.running
-    clean = mon.stop(timeout=10)
-    print(json.dumps(dict(running=running, clean=clean, seq_at_failure=seq, seq=mon.store.seq,
-                          sent=forward.sent,
-                          faults={k: [f.count, f.first_error] for k, f in mon.faults.items()})))
-"""
 
 
 def test_jsonl_disk_full_is_one_clear_error_and_sampling_goes_on(tmp_path):
     path = tmp_path / "full.jsonl"
     limit = 6000
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(DISK_FULL_JSONL_CHILD), str(path), str(limit)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
-    r = json.loads(done.stdout)
+    r = disk_full_run(path, "JSONLinesSender", limit, failures=1, more=20)
     (name, (count, first)), = r["faults"].items()
     text = path.read_text()
     figure("JSONL disk full", failed_writes=count, lines=text.count("\n"), sent=r["sent"],
            samples_after_failure=r["seq"] - r["seq_at_failure"])
-    assert name == "ForwardSamples" and count >= 1
+    assert name == "JSONLinesSender" and count >= 1  # named after the sender
     assert first == f"OSError: [Errno 27] cannot write to {path}: File too large"
     assert r["running"] and r["clean"] and r["seq"] >= r["seq_at_failure"] + 20
     assert os.path.getsize(path) <= limit and text.endswith("\n")

@@ -28,23 +28,18 @@ import time
 
 import psutil
 import pytest
-from helpers import fd_count, figure, in_forked_child, nbmon_threads, wait_until
+from helpers import DEADLINE_S, StubSource, fd_count, figure, in_forked_child, nbmon_threads, wait_until
 
-import nbmon.sources.nvml as nvml
 import nbmon.notebook.session
+import nbmon.sources.nvml as nvml
+from nbmon.consumers import SampleForwarder
 from nbmon.monitor import Monitor
-from nbmon.senders import CSVSender, ForwardSamples
+from nbmon.sampler import STOP_GRACE_S
+from nbmon.senders import CSVSender
 
-DEADLINE_S = 30.0   # bounded polls: generous for a loaded 2-core box
-SLACK_S = 0.5       # on top of the documented stop bound (interval + 0.1 s)
+SLACK_S = 0.5       # on top of the documented stop bound (interval + STOP_GRACE_S)
 MIB = 1024 * 1024
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-
-
-def poll(cond, what: str, timeout: float = DEADLINE_S):
-    return wait_until(cond, timeout=timeout, what=what)
-
-
 
 
 def rss_mib() -> float:
@@ -60,6 +55,14 @@ def rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MIB
 
 
+def _helper_of(cmd: list[str], parent: int | None) -> bool:
+    """Whether ``cmd`` is a sampler helper (``python -m nbmon.helper PID
+    PARENT_PID OPTIONS_JSON``), started by ``parent`` if given."""
+    if "nbmon.helper" not in cmd:
+        return False
+    args = cmd[cmd.index("nbmon.helper") + 1:]
+    return parent is None or (len(args) >= 2 and args[1] == str(parent))
+
 
 def helper_running(pid: int, parent: int | None = None) -> bool:
     """Whether a sampler helper with this pid is alive (a zombie is dead: it
@@ -71,18 +74,13 @@ def helper_running(pid: int, parent: int | None = None) -> bool:
         cmd = p.cmdline()
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return False
-    return "nbmon.helper" in cmd and (parent is None or f"--parent={parent}" in cmd)
+    return _helper_of(cmd, parent)
 
 
 def helpers_of(parent: int) -> list[int]:
     """Running sampler helpers started by ``parent`` (found by their command line)."""
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline", "status"]):
-        cmd = p.info["cmdline"] or []
-        if ("nbmon.helper" in cmd and f"--parent={parent}" in cmd
-                and p.info["status"] != psutil.STATUS_ZOMBIE):
-            found.append(p.info["pid"])
-    return found
+    return [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline", "status"])
+            if _helper_of(p.info["cmdline"] or [], parent) and p.info["status"] != psutil.STATUS_ZOMBIE]
 
 
 # -- start/stop cycles -------------------------------------------------------------
@@ -156,7 +154,7 @@ def test_process_backend_started_from_a_thread_that_ends_keeps_sampling():
     assert not starter.is_alive() and m.backend_used == "process"
     seq = m.store.seq
     try:
-        poll(lambda: m.store.seq >= seq + 20, "20 samples after the starting thread ended", timeout=10)
+        wait_until(lambda: m.store.seq >= seq + 20, what="20 samples after the starting thread ended", timeout=10)
         assert m.running and m._sampler.proc.poll() is None
     finally:
         assert m.stop(timeout=DEADLINE_S)
@@ -181,7 +179,7 @@ def test_resmon_100_cycles_in_a_real_ipython_shell():
         with capture_output() as cap:
             ip.run_line_magic("resmon", "stop")
         assert [o for o in cap.outputs if o.update], "the chart was not replaced by its record"
-        poll(lambda: not nbmon_threads(), "every nbmon thread to end after %resmon stop", timeout=5)
+        wait_until(lambda: not nbmon_threads(), what="every nbmon thread to end after %resmon stop", timeout=5)
 
     def live_widgets() -> int:
         return sum(isinstance(o, Dashboard) or type(o).__name__.endswith("FigureWidget")
@@ -215,35 +213,12 @@ def test_resmon_100_cycles_in_a_real_ipython_shell():
 # -- bounded stop ---------------------------------------------------------------------
 
 
-class Sleepy:
-    """A source whose ``stuck_on``-th call sleeps 10 s (cut short by ``release``);
-    its value is the call's number, so a row from the stuck call is recognisable."""
-
-    name = "sleepy"
-    fields = ("sleepy_call",)
-
-    def __init__(self, release: threading.Event, stuck_on: int | None = 3):
-        self.release = release
-        self.stuck_on = stuck_on
-        self.entered = threading.Event()
-        self.calls = 0
-        self.calls_by_thread: dict[int, list[int]] = {}
-        self.arm = threading.Event()  # armed: every call from now on is stuck
-
-    def start(self, now):
-        pass
-
-    def sample(self, now):
-        self.calls += 1
-        call = self.calls
-        self.calls_by_thread.setdefault(threading.get_ident(), []).append(call)
-        if call == self.stuck_on or self.arm.is_set():
-            self.entered.set()
-            self.release.wait(10)
-        return (float(call),)
-
-    def close(self):
-        pass
+def Sleepy(release: threading.Event, stuck_on: int | None = 3) -> StubSource:
+    """A source whose ``stuck_on``-th call (and every call once
+    ``stick_from_now`` is set) sleeps 10 s, cut short by ``release``; its
+    value is the call's number, so a row from the stuck call is recognisable."""
+    return StubSource("sleepy", ("sleepy_call",), behave=lambda call: {"sleepy_call": float(call)},
+                      stuck_on=stuck_on, release=release)
 
 
 class BlockingCSV(CSVSender):
@@ -270,29 +245,31 @@ def test_stop_is_bounded_with_a_stuck_sender_and_source_and_a_restart_cannot_rev
     sleepy = Sleepy(release)
     sender = BlockingCSV(tmp_path / "out.csv", release)
     m = Monitor(interval=0.02, gpu=False, system=False, extra_sources=[sleepy],
-                consumers=[ForwardSamples(sender, every_s=0.01)])
+                consumers=[SampleForwarder(sender, every_s=0.01)])
     try:
         m.start()
         assert sleepy.entered.wait(DEADLINE_S) and sender.entered.wait(DEADLINE_S)
         old_store, old_sampler = m.store, m._sampler._thread
-        old_sender = m._senders.thread
+        old_sender = m._consumer_thread.thread
         seq = old_store.seq
         t0 = time.monotonic()
         clean = m.stop()
         took = time.monotonic() - t0
-        figure("stop with stuck sender+source", took_s=round(took, 3), bound_s=m.interval + 0.1, clean=clean)
+        figure("stop with stuck sender+source", took_s=round(took, 3), bound_s=m.interval + STOP_GRACE_S,
+               clean=clean)
         assert clean is False  # a stuck thread was left behind, and said so
-        assert took <= m.interval + 0.1 + SLACK_S
+        assert took <= m.interval + STOP_GRACE_S + SLACK_S
         assert not m.running and old_sampler.is_alive() and old_sender.is_alive()
 
         m.start()  # a new run while the old threads are still stuck
         new_store = m.store
         assert new_store is not old_store
-        poll(lambda: new_store.seq >= 5, "the new run to sample")
+        wait_until(lambda: new_store.seq >= 5, what="the new run to sample")
         release.set()  # the old threads wake up now
-        poll(lambda: not old_sampler.is_alive() and not old_sender.is_alive(), "the old threads to end")
+        wait_until(lambda: not old_sampler.is_alive() and not old_sender.is_alive(),
+                   what="the old threads to end")
         lines = sender.lines_written
-        poll(lambda: sender.lines_written > lines, "the new run to keep writing (its file still open)")
+        wait_until(lambda: sender.lines_written > lines, what="the new run to keep writing (its file still open)")
         assert m.stop(timeout=DEADLINE_S) is True
     finally:
         release.set()
@@ -305,8 +282,8 @@ def test_stop_is_bounded_with_a_stuck_sender_and_source_and_a_restart_cannot_rev
     for store in (old_store, new_store):
         _, _, cols = store.series(["sleepy_call"])
         assert float(sleepy.stuck_on) not in cols["sleepy_call"].tolist()
-    # The old sender thread: only its stuck write; it did not tick the new run
-    # nor close the file the new run was using.
+    # The old consumer thread: only its stuck write; it did not feed the new
+    # run nor close the file the new run was using.
     assert sender.writes_by_thread[old_sender.ident] == 1
     walls = set(new_store.rows_since(0)[1].tolist())
     text = (tmp_path / "out.csv").read_text()
@@ -327,18 +304,18 @@ def test_stop_is_bounded_when_a_source_sticks_while_the_sampler_waits():
     try:
         m.start()
         seq = m.store.seq
-        poll(lambda: m.store.seq > seq, "a sample")
-        sleepy.arm.set()  # the thread is waiting for its next tick now
+        wait_until(lambda: m.store.seq > seq, what="a sample")
+        sleepy.stick_from_now.set()  # the thread is waiting for its next tick now
         thread = m._sampler._thread
         t0 = time.monotonic()
         clean = m.stop()
         took = time.monotonic() - t0
         figure("stop with a source stuck between ticks", took_s=round(took, 3), bound_s=0.6, clean=clean)
-        assert clean is False and took <= m.interval + 0.1 + SLACK_S
+        assert clean is False and took <= m.interval + STOP_GRACE_S + SLACK_S
         seq = m.store.seq
     finally:
         release.set()
-    poll(lambda: not thread.is_alive(), "the abandoned thread to end")
+    wait_until(lambda: not thread.is_alive(), what="the abandoned thread to end")
     assert m.store.seq == seq  # its late final sample was not stored
     assert threading.get_ident() not in sleepy.calls_by_thread  # the caller never read a source
 
@@ -363,7 +340,7 @@ EXIT_SCRIPTS = {
             def sample(self, now):
                 entered.set()
                 time.sleep(60)
-                return (1.0,)
+                return {"stuck_value": 1.0}
         m = Monitor(interval=0.01, extra_sources=[Stuck()]).start()
         assert entered.wait(20)
     """,
@@ -380,8 +357,9 @@ EXIT_SCRIPTS = {
     "with-consumer": """
         import sys
         from nbmon.monitor import Monitor
-        from nbmon.senders import CSVSender, ForwardSamples
-        m = Monitor(interval=0.01, consumers=[ForwardSamples(CSVSender(sys.argv[1]), every_s=0.01)]).start()
+        from nbmon.consumers import SampleForwarder
+        from nbmon.senders import CSVSender
+        m = Monitor(interval=0.01, consumers=[SampleForwarder(CSVSender(sys.argv[1]), every_s=0.01)]).start()
         while m.store.seq < 5:
             pass
     """,
@@ -404,7 +382,7 @@ def test_interpreter_exit_with_a_running_monitor_never_blocks(kind, tmp_path):
     if kind == "process":
         helper = int(out.split()[0])
         # No PR_SET_PDEATHSIG: the helper ends on its stdin's EOF / its parent's exit.
-        poll(lambda: not helper_running(helper, parent=proc.pid), "the helper to end", timeout=10)
+        wait_until(lambda: not helper_running(helper, parent=proc.pid), what="the helper to end", timeout=10)
         left = helpers_of(proc.pid)
     figure(f"interpreter exit ({kind})", exit_code=proc.returncode, took_s=round(took, 2),
            stderr_bytes=len(err), helpers_left=len(left))
@@ -440,7 +418,7 @@ def test_a_killed_kernel_takes_its_helper_along(how):
         proc.kill()  # SIGKILL: no atexit, no stop()
         proc.wait(20)
         t0 = time.monotonic()
-        poll(lambda: not helper_running(helper), "the helper to end after its kernel was killed", timeout=10)
+        wait_until(lambda: not helper_running(helper), what="the helper to end after its kernel was killed", timeout=10)
         figure(f"kernel SIGKILLed ({how})", helper_gone_after_s=round(time.monotonic() - t0, 2))
     finally:
         if proc.poll() is None:
@@ -473,7 +451,7 @@ def test_fork_while_sampling_the_child_starts_clean_and_can_monitor():
     parent = os.getpid()
     m = Monitor(interval=0.005).start()
     try:
-        poll(lambda: m.store.seq >= 5, "samples before the fork")
+        wait_until(lambda: m.store.seq >= 5, what="samples before the fork")
         assert _proc_fds_of(parent)  # the parent's sources keep /proc files open
 
         def child():
@@ -495,7 +473,7 @@ def test_fork_while_sampling_the_child_starts_clean_and_can_monitor():
         assert answer["samples"] >= 5 and answer["clean"] and answer["pid"]
         assert answer["restart_old"]  # the parent's monitor object starts anew in the child
         seq = m.store.seq
-        poll(lambda: m.store.seq >= seq + 5, "the parent to keep sampling")
+        wait_until(lambda: m.store.seq >= seq + 5, what="the parent to keep sampling")
     finally:
         assert m.stop(timeout=DEADLINE_S)
 
@@ -516,7 +494,7 @@ def test_fork_while_the_helper_process_samples_the_parent_still_stops_it_cleanly
             os._exit(0 if not m.running else 1)
     os.close(go_r)
     try:
-        poll(lambda: m.store.seq >= 5, "samples after the fork")
+        wait_until(lambda: m.store.seq >= 5, what="samples after the fork")
         t0 = time.monotonic()
         clean = m.stop(timeout=5)
         took = time.monotonic() - t0
@@ -540,7 +518,7 @@ def _task(n: int) -> tuple[int, int, bool]:
 def test_fork_pool_while_sampling_every_5_ms_does_not_deadlock():
     m = Monitor(interval=0.005).start()
     try:
-        poll(lambda: m.store.seq >= 5, "samples before the pool")
+        wait_until(lambda: m.store.seq >= 5, what="samples before the pool")
         ctx = multiprocessing.get_context("fork")
         t0 = time.monotonic()
         with ctx.Pool(4) as pool:
@@ -551,7 +529,7 @@ def test_fork_pool_while_sampling_every_5_ms_does_not_deadlock():
         assert [r[0] for r in results] == [n * n for n in range(20)]
         assert all(clean and seq >= 1 for _, seq, clean in results)
         seq = m.store.seq
-        poll(lambda: m.store.seq >= seq + 5, "the parent to keep sampling")
+        wait_until(lambda: m.store.seq >= seq + 5, what="the parent to keep sampling")
     finally:
         assert m.stop(timeout=DEADLINE_S)
 
@@ -565,7 +543,7 @@ def test_nvml_is_initialised_again_in_a_child_forked_while_sampling(fake_gpu):
     m = Monitor(interval=0.005).start()
     try:
         assert m.gpu_state == "ok" and m.gpu_count == 1
-        poll(lambda: m.store.seq >= 5, "GPU samples before the fork")
+        wait_until(lambda: m.store.seq >= 5, what="GPU samples before the fork")
         parent = os.getpid()
         assert nvml._init_pid == parent
 
@@ -580,7 +558,7 @@ def test_nvml_is_initialised_again_in_a_child_forked_while_sampling(fake_gpu):
             clean = mine.stop(timeout=20)
             util = mine.summary().mean_gpu_util
             return {"before": before, "init": ok, "init_pid": nvml._init_pid, "pid": os.getpid(),
-                    "devices": nvml.device_count(), "monitor_gpus": gpus, "clean": clean,
+                    "devices": nvml._device_count, "monitor_gpus": gpus, "clean": clean,
                     "util": util}
 
         answer = in_forked_child(child, timeout=DEADLINE_S)
@@ -592,7 +570,7 @@ def test_nvml_is_initialised_again_in_a_child_forked_while_sampling(fake_gpu):
         assert answer["util"] == pytest.approx(37.0)
         assert nvml._init_pid == parent  # the parent is untouched
         seq = m.store.seq
-        poll(lambda: m.store.seq >= seq + 3, "the parent to keep sampling its GPU")
+        wait_until(lambda: m.store.seq >= seq + 3, what="the parent to keep sampling its GPU")
     finally:
         assert m.stop(timeout=DEADLINE_S)
 
@@ -606,9 +584,9 @@ def test_process_backend_run_on_a_child_that_exits_ends_by_itself():
         m = Monitor(pid=p.pid, interval=0.02, backend="process", gpu=False).start()
         assert m.backend_used == "process"
         helper = m._sampler.proc.pid
-        poll(lambda: m.store.seq >= 3, "3 samples")
+        wait_until(lambda: m.store.seq >= 3, what="3 samples")
         p.stdin.close()  # it exits; nobody reaps it yet
-        poll(lambda: not m.running, "the run to end when its process exited")
+        wait_until(lambda: not m.running, what="the run to end when its process exited")
         s = m.summary()
         figure("watched pid exits (process backend)", samples=s.num_samples, faults=len(m.faults))
         assert s.num_samples >= 3 and s.num_samples == m.store.seq

@@ -12,70 +12,14 @@ import time
 import numpy as np
 import pytest
 
-from helpers import wait_until
+from helpers import DEADLINE_S, FakeEvent, FakeTime, StubSource, wait_until
 from nbmon.sampler import Sampler
 
-DEADLINE_S = 30.0
-WALL_OFFSET = 1.7e9
 
-
-class FakeTime:
-    def __init__(self, t0: float = 1000.0):
-        self.t = t0
-
-    def clock(self) -> float:
-        return self.t
-
-    def wall(self) -> float:
-        return self.t + WALL_OFFSET
-
-
-class FakeEvent:
-    """``wait(timeout)`` advances the fake clock by ``timeout`` and returns
-    False (True once set), without sleeping."""
-
-    def __init__(self, clock: FakeTime):
-        self.clock = clock
-        self.flag = False
-
-    def wait(self, timeout=None) -> bool:
-        if self.flag:
-            return True
-        self.clock.t += timeout
-        return False
-
-    def set(self) -> None:
-        self.flag = True
-
-    def is_set(self) -> bool:
-        return self.flag
-
-
-class Source:
-    """A well-behaved source; ``behave(call)`` may replace what sample() returns."""
-
-    def __init__(self, name: str, fields=("a", "b"), values=(1.0, 2.0), behave=None):
-        self.name = name
-        self.fields = tuple(fields)
-        self.values = tuple(values)
-        self.behave = behave
-        self.calls = 0
-        self.times: list[float] = []
-        self.started: float | None = None
-        self.closed = 0
-
-    def start(self, now: float) -> None:
-        self.started = now
-
-    def sample(self, now: float):
-        self.calls += 1
-        self.times.append(now)
-        if self.behave is not None:
-            return self.behave(self.calls)
-        return self.values
-
-    def close(self) -> None:
-        self.closed += 1
+def start(sampler: Sampler) -> None:
+    """Open the sources, then start the thread (what Monitor.start() does)."""
+    sampler.prime()
+    sampler.launch()
 
 
 class Recorder:
@@ -111,7 +55,7 @@ def run_fake(sources, ticks: int, interval: float = 0.25, t0: float = 1000.0, si
     counted = Counted(rec)
     sampler = Sampler(sources, counted, interval, clock=ft.clock, wall=ft.wall,
                       event=lambda: FakeEvent(ft), until=lambda: counted.n >= ticks)
-    sampler.start()
+    start(sampler)
     try:
         wait_until(lambda: not sampler._thread.is_alive(), timeout=DEADLINE_S, what="the fake-clock run to end")
     finally:
@@ -122,16 +66,16 @@ def run_fake(sources, ticks: int, interval: float = 0.25, t0: float = 1000.0, si
 # -- schedule ----------------------------------------------------------------
 
 def test_ticks_land_exactly_on_the_grid():
-    src = Source("src")
+    src = StubSource("src")
     sampler, rec, _ = run_fake([src], 40, interval=0.25, t0=1000.0)
     assert sampler.t_start == 1000.0 and src.started == 1000.0
     assert rec.times == [1000.0 + 0.25 * k for k in range(1, 41)]
-    assert [w for _, w, _ in rec.rows] == [t + WALL_OFFSET for t in rec.times]
+    assert [w for _, w, _ in rec.rows] == [t + FakeTime.WALL_OFFSET for t in rec.times]
     assert src.times == rec.times  # each source is sampled at the row's time
 
 
 def test_no_drift_over_many_ticks_of_an_inexact_interval():
-    src = Source("src")
+    src = StubSource("src")
     _, rec, _ = run_fake([src], 5000, interval=0.1, t0=12345.678)
     expected = 12345.678 + 0.1 * np.arange(1, 5001)
     assert np.max(np.abs(np.array(rec.times) - expected)) < 1e-9
@@ -146,15 +90,15 @@ def test_falling_behind_skips_ticks_instead_of_bursting():
             ft_box["ft"].t += 3.5 * interval
         if call == 6:    # a suspended machine: 100.5 intervals
             ft_box["ft"].t += 100.5 * interval
-        return (1.0, 2.0)
+        return {"a": 1.0, "b": 2.0}
 
-    src = Source("src", behave=behave)
+    src = StubSource("src", behave=behave)
     ft = FakeTime(t0)
     ft_box["ft"] = ft
     rec = Recorder()
     sampler = Sampler([src], rec, interval, clock=ft.clock, wall=ft.wall,
                       event=lambda: FakeEvent(ft), until=lambda: len(rec.rows) >= 9)
-    sampler.start()
+    start(sampler)
     wait_until(lambda: not sampler._thread.is_alive(), timeout=DEADLINE_S, what="the run to end")
     assert sampler.stop()
     ks = [(t - t0) / interval for t in rec.times]
@@ -164,11 +108,11 @@ def test_falling_behind_skips_ticks_instead_of_bursting():
 
 
 def test_real_clock_thread_name_daemon_and_running():
-    src = Source("src")
+    src = StubSource("src")
     rec = Recorder()
     sampler = Sampler([src], rec, 0.01)
     assert not sampler.running
-    sampler.start()
+    start(sampler)
     try:
         thread = sampler._thread
         assert thread.name == "nbmon-sampler"
@@ -186,10 +130,10 @@ def test_real_clock_thread_name_daemon_and_running():
 
 
 def test_stop_before_start_and_twice():
-    sampler = Sampler([Source("src")], Recorder(), 0.05)
+    sampler = Sampler([StubSource("src")], Recorder(), 0.05)
     assert sampler.stop() is True
-    sampler = Sampler([Source("src")], Recorder(), 0.05)
-    sampler.start()
+    sampler = Sampler([StubSource("src")], Recorder(), 0.05)
+    start(sampler)
     assert sampler.stop(timeout=DEADLINE_S) is True
     assert sampler.stop() is True
 
@@ -197,14 +141,14 @@ def test_stop_before_start_and_twice():
 def test_until_ends_the_run_closes_sources_and_calls_on_finish():
     """until() says the run is over (the watched process exited): the row
     read then describes an empty tree and is not stored; the thread ends."""
-    a, b = Source("a"), Source("b", fields=("c",), values=(3.0,))
+    a, b = StubSource("a"), StubSource("b", fields=("c",), values=(3.0,))
     finished = []
     ft = FakeTime()
     rec = Recorder()
     sampler = Sampler([a, b], rec, 0.5, clock=ft.clock, wall=ft.wall,
                       event=lambda: FakeEvent(ft), until=lambda: a.calls >= 3)
     sampler.on_finish = lambda: finished.append(True)
-    sampler.start()
+    start(sampler)
     wait_until(lambda: not sampler._thread.is_alive(), timeout=DEADLINE_S, what="the run to end by itself")
     assert not sampler.running
     assert finished == [True]
@@ -216,11 +160,11 @@ def test_until_ends_the_run_closes_sources_and_calls_on_finish():
 
 
 def test_sample_now_after_the_watched_process_exited_stores_nothing():
-    src = Source("src")
+    src = StubSource("src")
     state = {"exited": False}
     rec = Recorder()
     sampler = Sampler([src], rec, 5.0, until=lambda: state["exited"])
-    sampler.start()
+    start(sampler)
     try:
         assert sampler.sample_now() is True and len(rec.rows) == 1
         state["exited"] = True  # noticed by the next read, before the thread's own
@@ -231,23 +175,23 @@ def test_sample_now_after_the_watched_process_exited_stores_nothing():
 
 
 def test_prime_failure_closes_the_opened_sources_and_starts_no_thread():
-    class Broken(Source):
+    class Broken(StubSource):
         def start(self, now):
             raise ProcessLookupError("gone")
 
-    ok, broken, later = Source("ok"), Broken("broken"), Source("later")
+    ok, broken, later = StubSource("ok"), Broken("broken"), StubSource("later")
     sampler = Sampler([ok, broken, later], Recorder(), 0.05)
     threads = threading.active_count()
     with pytest.raises(ProcessLookupError):
-        sampler.start()
+        sampler.prime()
     assert ok.closed == 1 and later.closed == 0 and later.started is None
     assert sampler._thread is None and threading.active_count() == threads
 
 
 # -- faults ------------------------------------------------------------------
 
-def fault_run(bad: Source, ticks: int = 12):
-    good = Source("good", fields=("g1", "g2"), values=(5.0, 6.0))
+def fault_run(bad: StubSource, ticks: int = 12):
+    good = StubSource("good", fields=("g1", "g2"), values=(5.0, 6.0))
     sampler, rec, _ = run_fake([good, bad], ticks)
     assert len(rec.rows) == ticks  # the thread went on to the end
     rows = np.array([row for _, _, row in rec.rows])
@@ -260,7 +204,7 @@ def test_source_raising_every_call():
     def behave(call):
         raise RuntimeError("sensor unplugged")
 
-    sampler, bad = fault_run(Source("bad", behave=behave))
+    sampler, bad = fault_run(StubSource("bad", behave=behave))
     assert np.isnan(bad).all()
     fault = sampler.faults["bad"]
     assert fault.count == 12
@@ -272,9 +216,9 @@ def test_source_raising_every_third_call():
     def behave(call):
         if call % 3 == 0:
             raise OSError("flaky")
-        return (7.0, 8.0)
+        return {"a": 7.0, "b": 8.0}
 
-    sampler, bad = fault_run(Source("bad", behave=behave))
+    sampler, bad = fault_run(StubSource("bad", behave=behave))
     for i, row in enumerate(bad, start=1):
         if i % 3 == 0:
             assert np.isnan(row).all(), i
@@ -283,8 +227,11 @@ def test_source_raising_every_third_call():
     assert sampler.faults["bad"].count == 4
 
 
-def test_source_returning_none():
-    sampler, bad = fault_run(Source("bad", behave=lambda call: None))
+@pytest.mark.parametrize("got", [None, (1.0, 2.0), "ab"], ids=["none", "tuple", "text"])
+def test_source_returning_no_dict(got):
+    """A source answers {field: value}: None, a bare tuple of the values (the
+    old protocol) or text are faults."""
+    sampler, bad = fault_run(StubSource("bad", behave=lambda call: got))
     assert np.isnan(bad).all()
     assert sampler.faults["bad"].count == 12
 
@@ -293,7 +240,7 @@ def test_source_returning_none():
                          ids=["text", "numeric-text", "bytes", "nan-text", "none", "tuple", "complex"])
 def test_source_returning_a_non_number(value):
     """Only the bad value is NaN; text is never parsed as a number."""
-    sampler, bad = fault_run(Source("bad", behave=lambda call: (value, 4.0)))
+    sampler, bad = fault_run(StubSource("bad", behave=lambda call: {"a": value, "b": 4.0}))
     assert np.isnan(bad[:, 0]).all()
     assert np.all(bad[:, 1] == 4.0)
     assert sampler.faults["bad"].count == 12
@@ -301,27 +248,29 @@ def test_source_returning_a_non_number(value):
 
 
 def test_source_returning_negative_values():
-    sampler, bad = fault_run(Source("bad", behave=lambda call: (-1.0, 4.0)))
+    sampler, bad = fault_run(StubSource("bad", behave=lambda call: {"a": -1.0, "b": 4.0}))
     assert np.isnan(bad[:, 0]).all() and np.all(bad[:, 1] == 4.0)
     fault = sampler.faults["bad"]
     assert fault.count == 12 and "negative value for a" in fault.first_error
 
 
-@pytest.mark.parametrize("got", [(1.0,), (1.0, 2.0, 3.0), ()], ids=["short", "long", "empty"])
-def test_source_returning_the_wrong_number_of_values(got):
-    sampler, bad = fault_run(Source("bad", behave=lambda call: got))
+@pytest.mark.parametrize("got, missing", [({"a": 1.0}, "b"), ({"a": 1.0, "c": 2.0}, "b"), ({}, "a")],
+                         ids=["short", "misnamed", "empty"])
+def test_source_leaving_out_a_field(got, missing):
+    sampler, bad = fault_run(StubSource("bad", behave=lambda call: got))
     assert np.isnan(bad).all()
     assert sampler.faults["bad"].count == 12
-    assert "values for 2 fields" in sampler.faults["bad"].first_error
+    assert f"gave no value for {missing!r}" in sampler.faults["bad"].first_error
 
 
-@pytest.mark.parametrize("got", [np.array([1.5, 2.5]), (1, 2), [np.float32(1.5), np.int64(2)],
-                                 (math.inf, math.nan)],
-                         ids=["ndarray", "ints", "numpy-scalars", "inf-nan"])
+@pytest.mark.parametrize("got", [dict(zip("ab", np.array([1.5, 2.5]))), {"a": 1, "b": 2},
+                                 {"a": np.float32(1.5), "b": np.int64(2)}, {"a": math.inf, "b": math.nan},
+                                 {"b": 2.0, "a": 1.0, "extra": 3.0}],
+                         ids=["ndarray-items", "ints", "numpy-scalars", "inf-nan", "other-order-and-extra"])
 def test_plain_numbers_of_any_kind_are_no_fault(got):
-    sampler, bad = fault_run(Source("fine", behave=lambda call: got))
+    sampler, bad = fault_run(StubSource("fine", behave=lambda call: got))
     assert "fine" not in sampler.faults
-    expected = np.asarray(got, dtype=float)
+    expected = np.asarray([got["a"], got["b"]], dtype=float)
     assert np.array_equal(bad[0], expected, equal_nan=True)
 
 
@@ -335,19 +284,19 @@ def test_failing_sink_never_ends_sampling():
             calls.append(t)
             raise RuntimeError("disk full")
 
-    src = Source("src")
+    src = StubSource("src")
     sampler, _, _ = run_fake([src], 10, sink=Sink())
     assert len(calls) == 10
     assert sampler.faults["sink"].count == 10
 
 
 def test_failing_close_is_counted_not_raised():
-    class BadClose(Source):
+    class BadClose(StubSource):
         def close(self):
             super().close()
             raise OSError("already closed")
 
-    src, bad = Source("src"), BadClose("bad")
+    src, bad = StubSource("src"), BadClose("bad")
     sampler, rec, _ = run_fake([src, bad], 3)
     assert bad.closed == 1 and src.closed == 1
     assert sampler.faults["bad"].count == 1
@@ -357,27 +306,20 @@ def test_failing_close_is_counted_not_raised():
 
 @pytest.mark.allow_stuck_thread
 def test_stop_is_bounded_when_a_source_is_stuck_and_the_thread_never_writes_again():
-    release, entered = threading.Event(), threading.Event()
-
-    def behave(call):
-        if call == 3:
-            entered.set()
-            release.wait(10)  # "sleeps 10 s", but the test can cut it short
-        return (1.0, 2.0)
-
-    stuck, other = Source("stuck", behave=behave), Source("other", fields=("c",), values=(3.0,))
+    # Its third call "sleeps 10 s", but the test can cut it short.
+    stuck, other = StubSource("stuck", stuck_on=3), StubSource("other", fields=("c",), values=(3.0,))
     rec = Recorder()
     sampler = Sampler([other, stuck], rec, 0.02)
-    sampler.start()
+    start(sampler)
     thread = sampler._thread
     try:
-        assert entered.wait(DEADLINE_S)
+        assert stuck.entered.wait(DEADLINE_S)
         written = len(rec.rows)
         assert sampler.stop() is False  # returned although the thread is stuck
         assert not sampler.running
         assert thread.is_alive()
     finally:
-        release.set()
+        stuck.release.set()
     wait_until(lambda: not thread.is_alive(), timeout=DEADLINE_S, what="the abandoned thread to exit once unstuck")
     assert len(rec.rows) == written
     assert stuck.closed == 1 and other.closed == 1
@@ -411,8 +353,8 @@ def test_rows_stay_in_time_order_when_sample_now_races_the_thread():
         return t
 
     rec = Recorder()
-    sampler = Sampler([Source("src")], rec, 0.05, clock=clock, event=HookedEvent)
-    sampler.start()
+    sampler = Sampler([StubSource("src")], rec, 0.05, clock=clock, event=HookedEvent)
+    start(sampler)
     try:
         wait_until(lambda: len(rec.rows) >= 2, timeout=DEADLINE_S, what="two samples")
         armed.set()
@@ -435,7 +377,7 @@ def test_sources_are_not_closed_while_sample_now_reads_them():
     state = {"arm": False, "read_after_close": False}
     in_until, reading = threading.Event(), threading.Event()
 
-    class Watched(Source):
+    class Watched(StubSource):
         def sample(self, now):
             if threading.current_thread() is threading.main_thread():
                 reading.set()
@@ -456,7 +398,7 @@ def test_sources_are_not_closed_while_sample_now_reads_them():
     src = Watched("src")
     rec = Recorder()
     sampler = Sampler([src], rec, 0.02, until=until)
-    sampler.start()
+    start(sampler)
     thread = sampler._thread
     try:
         wait_until(lambda: len(rec.rows) >= 2, timeout=DEADLINE_S, what="two samples")
@@ -472,7 +414,7 @@ def test_sources_are_not_closed_while_sample_now_reads_them():
 
 
 def test_sample_now_calls_boundary_and_is_refused_when_not_running():
-    class WithBoundary(Source):
+    class WithBoundary(StubSource):
         boundaries = 0
 
         def boundary(self):
@@ -482,7 +424,7 @@ def test_sample_now_calls_boundary_and_is_refused_when_not_running():
     rec = Recorder()
     sampler = Sampler([src], rec, 5.0)
     assert sampler.sample_now() is False
-    sampler.start()
+    start(sampler)
     try:
         assert sampler.sample_now() is True
         assert src.boundaries == 1 and len(rec.rows) == 1

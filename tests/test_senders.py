@@ -6,7 +6,6 @@ import io
 import json
 import math
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -14,24 +13,10 @@ import textwrap
 
 import pytest
 
-from helpers import nbmon_threads, wait_until
+from helpers import csv_rows, disk_full_run, nbmon_threads, sigkill_mid_write, wait_until
+from nbmon.consumers import SampleForwarder
 from nbmon.monitor import Monitor
-from nbmon.senders import CallbackSender, CSVSender, ForwardSamples, JSONLinesSender
-
-
-def csv_rows(path) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of a CSV that must consist of whole lines only."""
-    text = open(path, encoding="utf-8", newline="").read()
-    assert text == "" or text.endswith("\n"), f"half a line at the end: {text[-80:]!r}"
-    if not text:
-        return [], []
-    header, *rows = list(csv.reader(io.StringIO(text)))
-    for row in rows:
-        assert len(row) == len(header), row
-        for cell in row:
-            if cell:
-                float(cell)  # every cell is a number or empty
-    return header, rows
+from nbmon.senders import CallbackSender, CSVSender, JSONLinesSender
 
 
 def run_python(code: str, *args, timeout=60) -> subprocess.CompletedProcess:
@@ -127,7 +112,7 @@ def test_file_is_created_with_the_users_umask(tmp_path, cls, umask, mode):
 @pytest.mark.parametrize("cls", [CSVSender, JSONLinesSender])
 def test_clean_stop_has_every_sample_in_the_file(tmp_path, cls):
     path = tmp_path / "samples.out"
-    forward = ForwardSamples(cls(path), every_s=0.05)
+    forward = SampleForwarder(cls(path), every_s=0.05)
     mon = Monitor(interval=0.01, gpu=False, consumers=[forward])
     mon.start()
     try:
@@ -147,95 +132,48 @@ def test_clean_stop_has_every_sample_in_the_file(tmp_path, cls):
         elapsed = [r["elapsed_s"] for r in rows]
     assert len(rows) == seq == forward.sent
     assert forward.lost == 0
-    assert elapsed[0] == 0.0 and elapsed == sorted(elapsed)
+    # Seconds since the run started (not since the first sample), in time order.
+    t = mon.store.rows_since(0)[0].tolist()
+    assert elapsed == [ti - mon.store.t_start for ti in t] and elapsed == sorted(elapsed)
+    assert mon.store.t_start == mon._sampler.t_start and elapsed[0] > 0
     assert mon.faults == {}
 
 
-KILLED_CHILD = """
-    import sys, time
-    from nbmon.monitor import Monitor
-    from nbmon.senders import CSVSender, ForwardSamples
-    mon = Monitor(interval=0.005, gpu=False,
-                  consumers=[ForwardSamples(CSVSender(sys.argv[1]), every_s=0.01)])
-    mon.start()
-    print("started", flush=True)
-    while True:
-        time.sleep(1)
-"""
+def test_a_sink_attached_to_a_running_monitor_gets_every_sample_of_the_run():
+    got: list[dict] = []
+    mon = Monitor(interval=0.01, gpu=False, system=False).start()
+    try:
+        wait_until(lambda: mon.store.seq >= 5, what="5 samples before the sink is attached")
+        forward = mon.attach(got.append, every_s=0.02)  # a plain callable
+        assert isinstance(forward, SampleForwarder)
+        assert [t.name for t in nbmon_threads()].count("nbmon-consumers") == 1
+        wait_until(lambda: len(got) >= 10, what="10 forwarded samples")
+    finally:
+        assert mon.stop(timeout=10)
+    assert not nbmon_threads()
+    assert [e["time"] for e in got] == mon.store.rows_since(0)[1].tolist()
+    assert forward.sent == len(got) == mon.store.seq and forward.lost == 0
 
 
 @pytest.mark.parametrize("lines", [5, 40, 120])
 def test_sigkill_mid_run_leaves_only_whole_lines(tmp_path, lines):
     path = tmp_path / "killed.csv"
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILLED_CHILD), str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        def enough():
-            assert proc.poll() is None, proc.stderr.read()
-            return path.exists() and path.read_bytes().count(b"\n") >= lines
-
-        wait_until(enough, timeout=30.0, what=f"{lines} lines")
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(20)
-        proc.stdout.close()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
+    sigkill_mid_write(path, "CSVSender", lines)
     header, rows = csv_rows(path)
     assert header[:2] == ["time", "elapsed_s"] and "proc_rss_mb" in header
     assert len(rows) >= lines - 1
 
 
-DISK_FULL_CHILD = """
-    import json, resource, sys, time
-    from nbmon.monitor import Monitor
-    from nbmon.senders import CSVSender, ForwardSamples
-
-    path, limit = sys.argv[1], int(sys.argv[2])
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # SIGXFSZ is ignored: EFBIG
-
-    class Counting(CSVSender):  # a real CSVSender that counts its failed writes
-        calls = failures = 0
-
-        def publish_many(self, events):
-            Counting.calls += 1
-            try:
-                super().publish_many(events)
-            except OSError:
-                Counting.failures += 1
-                raise
-
-    forward = ForwardSamples(Counting(path), every_s=0.02)
-    mon = Monitor(interval=0.005, gpu=False, consumers=[forward])
-    mon.start()
-    deadline = time.monotonic() + 30
-    while Counting.failures < 3 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    seq = mon.store.seq
-    while mon.store.seq < seq + 5 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    result = dict(running=mon.running, seq_at_failure=seq, seq=mon.store.seq)
-    clean = mon.stop(timeout=10)
-    result.update(clean=clean, calls=Counting.calls, failures=Counting.failures, sent=forward.sent,
-                  faults={k: [f.count, f.first_error] for k, f in mon.faults.items()})
-    print(json.dumps(result))
-"""
-
-
 def test_disk_full_is_one_clear_error_and_the_file_stays_whole(tmp_path):
     path = tmp_path / "full.csv"
     limit = 6000
-    done = run_python(DISK_FULL_CHILD, path, limit)
-    assert done.returncode == 0, done.stderr
-    assert done.stderr == ""  # nothing printed from the threads
-    r = json.loads(done.stdout)
+    r = disk_full_run(path, "CSVSender", limit, failures=3, more=5)
     assert r["failures"] >= 3 and r["clean"]
     assert r["running"] and r["seq"] > r["seq_at_failure"]  # it kept sampling
-    # One fault, counted once per failed write, with one clear sentence.
-    assert r["faults"] == {"ForwardSamples": [r["failures"], f"OSError: [Errno 27] cannot write "
-                                                             f"to {path}: File too large"]}
+    # One fault, named after the sender's class, counted once per failed
+    # write, with one clear sentence.
+    assert r["faults"] == {"CSVSender": [r["failures"], f"OSError: [Errno 27] cannot write "
+                                                        f"to {path}: File too large"]}
     assert os.path.getsize(path) <= limit
     header, rows = csv_rows(path)
     assert len(rows) == r["sent"] > 0

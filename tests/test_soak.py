@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import FakeEvent, FakeTime
 from nbmon.notebook.frames import MAX_FRAME_BYTES, build_frame, frame_bytes
 from nbmon.sampler import Sampler
 from nbmon.store import Store
 from nbmon.summary import ResourceSummary, summarize
-from test_sampler import FakeEvent, FakeTime
 from test_store import assert_matches, draw_column, reference, small_max_bytes
 
 NAN = math.nan
@@ -68,7 +68,7 @@ class Script:
         self.times.append(now)
         self.ft.t += self.stalls[i]
         self.walls.append(self.ft.wall())  # the sampler reads the wall clock after the sources
-        return self.rows[i]
+        return dict(zip(COLUMNS, self.rows[i]))
 
     def close(self) -> None:
         self.closed += 1
@@ -250,6 +250,9 @@ class Precomputed:
         spike = list(self.rows[SPIKE_AT % PERIOD])
         spike[0] = spike[1] = 5000.0
         self.spike = tuple(spike)
+        # What sample() answers: the same rows as {field: value}, made once.
+        self.answers = [dict(zip(SOAK_COLUMNS, r)) for r in self.rows]
+        self.spike_answer = dict(zip(SOAK_COLUMNS, self.spike))
         self.hits = [0] * PERIOD
         self.i = 0
 
@@ -260,7 +263,7 @@ class Precomputed:
         i = self.i
         self.i = i + 1
         self.hits[i % PERIOD] += 1
-        return self.spike if i == SPIKE_AT else self.rows[i % PERIOD]
+        return self.spike_answer if i == SPIKE_AT else self.answers[i % PERIOD]
 
     def close(self) -> None:
         pass

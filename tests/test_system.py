@@ -1,4 +1,4 @@
-"""System on the real machine, through /proc and through psutil."""
+"""The Machine source on the real machine, through /proc and through psutil."""
 from __future__ import annotations
 
 import math
@@ -8,17 +8,20 @@ import psutil
 import pytest
 
 from helpers import burn_cpu, fd_count
-from nbmon.sources.machine import FIELDS, System
+from nbmon import catalog
+from nbmon.sources.machine import Machine
 
 BACKENDS = [pytest.param(True, id="proc"), pytest.param(False, id="psutil")]
 MIB = 1024.0 * 1024.0
-RATES = ("sys_disk_read_bps", "sys_disk_write_bps", "sys_net_sent_bps", "sys_net_recv_bps")
+FIELDS = catalog.names(catalog.MACHINE)
+RATES = ("sys_disk_read_bytes_per_s", "sys_disk_write_bytes_per_s", "sys_net_sent_bytes_per_s",
+         "sys_net_recv_bytes_per_s")
 COUNTERS = ("sys_disk_read_bytes", "sys_disk_write_bytes", "sys_net_sent_bytes", "sys_net_recv_bytes")
 
 
 @pytest.fixture(params=BACKENDS)
 def system(request):
-    s = System(use_proc=request.param)
+    s = Machine(use_proc=request.param)
     yield s
     s.close()
 
@@ -26,8 +29,8 @@ def system(request):
 def test_fields_are_finite_where_expected(system):
     system.start(0.0)
     burn_cpu(0.2)
-    row = dict(zip(FIELDS, system.sample(0.1)))
-    assert len(row) == len(FIELDS) == len(system.fields)
+    row = system.sample(0.1)
+    assert system.fields == FIELDS and set(row) == set(FIELDS)
     assert all(type(v) is float for v in row.values())
     for name in ("sys_cpu_percent", "sys_mem_used_mb", "sys_mem_available_mb", "sys_mem_total_mb",
                  "sys_mem_percent", "sys_swap_used_mb", "sys_disk_used_percent",
@@ -39,7 +42,7 @@ def test_fields_are_finite_where_expected(system):
 
 def test_memory_adds_up_and_matches_the_kernel(system):
     system.start(0.0)
-    row = dict(zip(FIELDS, system.sample(0.1)))
+    row = system.sample(0.1)
     total = row["sys_mem_total_mb"]
     assert row["sys_mem_used_mb"] + row["sys_mem_available_mb"] == pytest.approx(total, rel=1e-12)
     assert total == pytest.approx(psutil.virtual_memory().total / MIB, rel=1e-9)
@@ -53,20 +56,20 @@ def test_memory_adds_up_and_matches_the_kernel(system):
 def test_cpu_percent_is_meaningful_from_the_first_sample_and_bounded(system):
     system.start(0.0)
     burn_cpu(0.3)  # this process alone keeps one CPU busy
-    first = system.sample(0.3)[0]
+    first = system.sample(0.3)["sys_cpu_percent"]
     assert 0 < first <= 100
     for k in range(150):  # short intervals: some see no busy tick at all, never below 0
-        cpu = system.sample(0.3 + 0.05 * (k + 1))[0]
+        cpu = system.sample(0.3 + 0.05 * (k + 1))["sys_cpu_percent"]
         assert math.isnan(cpu) or 0 <= cpu <= 100  # NaN only when no clock tick passed
         time.sleep(0.005)
 
 
 def test_rates_are_nan_first_then_finite_after_the_slow_cadence(system):
     system.start(100.0)
-    first = dict(zip(FIELDS, system.sample(100.1)))
+    first = system.sample(100.1)
     for name in RATES:
         assert math.isnan(first[name]), name
-    later = dict(zip(FIELDS, system.sample(101.5)))  # past slow_every_s=1.0
+    later = system.sample(101.5)  # past slow_every_s=1.0
     for rate, counter in zip(RATES, COUNTERS):
         if math.isnan(later[counter]):
             assert math.isnan(later[rate])
@@ -75,14 +78,14 @@ def test_rates_are_nan_first_then_finite_after_the_slow_cadence(system):
             # Over exactly the fake 1.5 s between the two slow refreshes.
             grown = later[counter] - first[counter]
             assert later[rate] == pytest.approx(grown / 1.5), rate
-    assert math.isfinite(later["sys_net_sent_bps"])
+    assert math.isfinite(later["sys_net_sent_bytes_per_s"])
 
 
 def test_slow_fields_are_held_between_refreshes(system):
     system.start(0.0)
-    a = dict(zip(FIELDS, system.sample(0.2)))
-    b = dict(zip(FIELDS, system.sample(0.4)))
-    for name in FIELDS[1:]:
+    a = system.sample(0.2)
+    b = system.sample(0.4)
+    for name in set(FIELDS) - {"sys_cpu_percent"}:
         assert a[name] == b[name] or (math.isnan(a[name]) and math.isnan(b[name])), name
 
 
@@ -90,7 +93,7 @@ def test_slow_fields_are_held_between_refreshes(system):
 def test_no_file_descriptor_leak(use_proc):
     before = fd_count()
     for k in range(5):
-        s = System(use_proc=use_proc)
+        s = Machine(use_proc=use_proc)
         s.start(float(k))
         s.sample(k + 2.0)
         s.close()

@@ -9,13 +9,20 @@ Code written for calibrax runs unchanged::
 Underneath: the whole process tree is measured, the peak RSS is the
 kernel's exact high-water mark, the thread never dies of a failing GPU
 profiler, and stopping is bounded and cannot leave an old loop running.
-Without a ``gpu_profiler`` nbmon reads NVIDIA GPUs through NVML itself.
+As in calibrax, the GPU fields are None without a ``gpu_profiler``;
+``gpu_profiler=nbmon.NVMLProfiler()`` reads an NVIDIA GPU through NVML.
+``summary`` has calibrax's fields only (the others None, so ``to_dict()``
+writes calibrax's keys); ``monitor.summary()`` has all of nbmon's.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import threading
 import time
 from typing import Protocol, runtime_checkable
+
+import psutil
 
 from ..monitor import Monitor
 from ..options import check_interval
@@ -25,6 +32,8 @@ from ..values import known, reading
 __all__ = ["GPUProfilerProtocol", "ResourceMonitor", "ResourceSample", "ResourceSummary"]
 
 NAN = math.nan
+# ResourceSummary's first nine fields are calibrax's; the rest are nbmon's.
+_NBMON_FIELDS = tuple(f.name for f in dataclasses.fields(ResourceSummary))[9:]
 
 
 @runtime_checkable
@@ -95,6 +104,46 @@ def _check_profiler(profiler) -> None:
                         f"missing {', '.join(missing)}")
 
 
+class ThreadView:
+    """A read-only view of a sampling thread, for code that checks the seed
+    APIs' ``_thread`` attribute: is it a daemon, is it alive, join it."""
+
+    __slots__ = ("_target",)
+
+    def __init__(self, thread: threading.Thread):
+        self._target = thread
+
+    @property
+    def name(self) -> str:
+        return self._target.name
+
+    @property
+    def daemon(self) -> bool:
+        return self._target.daemon
+
+    def is_alive(self) -> bool:
+        return self._target.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._target.join(timeout)
+
+    def __repr__(self) -> str:
+        return f"<ThreadView of {self._target!r}>"
+
+
+class _SamplingThread:
+    """calibrax's ``SamplingThread`` as code reads it: ``_thread`` is None
+    before the first run, then a view of the (current or last) run's thread."""
+
+    def __init__(self, monitor: Monitor):
+        self._monitor = monitor
+
+    @property
+    def _thread(self) -> ThreadView | None:
+        thread = self._monitor.thread
+        return None if thread is None else ThreadView(thread)
+
+
 class ResourceMonitor:
     """Background 10Hz resource sampling via context manager.
 
@@ -106,12 +155,22 @@ class ResourceMonitor:
         interval = check_interval(sample_interval_sec, "sample_interval_sec")
         if gpu_profiler is not None:
             _check_profiler(gpu_profiler)
-        self.sample_interval_sec = interval
-        self.gpu_profiler = gpu_profiler
+        # calibrax's attribute names.
+        self._interval = interval
+        self._gpu_profiler = gpu_profiler
+        self._process = psutil.Process()
         extra = [ProfilerSource(gpu_profiler)] if gpu_profiler is not None else []
         # perf_counter is calibrax's timestamp clock.
-        self._monitor = Monitor(interval=interval, gpu=gpu_profiler is None,
-                                extra_sources=extra, clock=time.perf_counter)
+        self._monitor = Monitor(interval=interval, gpu=False, extra_sources=extra, clock=time.perf_counter)
+        self._sampling_thread = _SamplingThread(self._monitor)
+
+    @property
+    def sample_interval_sec(self) -> float:
+        return self._interval
+
+    @property
+    def gpu_profiler(self) -> GPUProfilerProtocol | None:
+        return self._gpu_profiler
 
     @property
     def monitor(self) -> Monitor:
@@ -143,7 +202,9 @@ class ResourceMonitor:
                                gpu_power_w=known(gp))
                 for ts, cpu, rss, gu, gm, gc, gp in zip(t.tolist(), *get.values())]
 
+    _samples = samples  # calibrax's name for the same list
+
     @property
     def summary(self) -> ResourceSummary:
         """Compute aggregated summary from collected samples (zeroed if none)."""
-        return self._monitor.summary()
+        return dataclasses.replace(self._monitor.summary(), **dict.fromkeys(_NBMON_FIELDS))

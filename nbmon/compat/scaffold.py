@@ -1,17 +1,25 @@
 """scaffold's ``scaffold.system_monitor`` API on nbmon's engine.
 
 ``SystemMonitor(pid, backend_sender, sample_rate_seconds=2, rank=None)``
-publishes one StatsDict every ``sample_rate_seconds`` (and on ``flush()``)
-with the WandB client's system-metric names. Underneath, nbmon samples
-faster than it publishes (at most every 0.5 s), so each published value is
-the exact time-weighted mean over its period, and the process figures cover
-the pid's whole process tree. A sender that raises or blocks never stops
-sampling nor delays ``shutdown()``.
+behaves as scaffold's: ``gpu_count`` and ``network_init`` are set on
+construction; ``start()`` publishes a StatsDict at once, then one every
+``sample_rate_seconds``; ``flush()`` publishes the latest one again;
+``shutdown()`` publishes once more and stops. Keys, types and meanings are
+scaffold's (the WandB client's names): ``proc.*`` is the pid alone,
+``network`` is ``{"sent": int, "recv": int}`` bytes since construction (every
+interface, as psutil counts them), a GPU's keys come in scaffold's two
+groups or not at all, and a key once published keeps its last value in
+``sampler``.
+
+Underneath, nbmon samples faster than it publishes (at most every 0.5 s),
+so each figure is the time-weighted mean over its period (the last value
+for threads and disk). A sender that raises or blocks never stops sampling
+nor delays ``shutdown()``. Opt-in, ``tree=True`` also publishes the pid's
+whole process tree under ``proc.tree.*`` keys.
 """
 from __future__ import annotations
 
 import abc
-import threading
 import time
 from typing import Any, Dict, List, Optional, Union
 
@@ -20,12 +28,32 @@ import psutil
 from .. import catalog
 from ..monitor import Monitor
 from ..options import check_interval, check_pid
+from ..sources import nvml
+from ..sources.proctree import ProcessTree
+from .calibrax import ThreadView
 
 __all__ = ["AbstractBackendSender", "GPUHandle", "SamplerDict", "StatsDict", "SystemMonitor"]
 
 GPUHandle = Any  # an NVML device handle (pynvml's c_nvmlDevice_t)
 SamplerDict = Dict[str, List[float]]
 StatsDict = Dict[str, Union[float, Dict[str, Any]]]
+
+MAX_SAMPLE_INTERVAL_S = 0.5
+TREE_PREFIX = "tree_"  # store columns of the whole tree (tree=True) beside the pid's own
+NAN = float("nan")
+# scaffold's keys, in its order. A GPU's come in scaffold's two groups (two
+# NVML reads), each left out whole when one of its figures is unknown.
+_GPU_GROUPS = (("gpu.{i}.gpu", "gpu.{i}.memory", "gpu.{i}.memoryAllocated", "gpu.{i}.temp"),
+               ("gpu.{i}.powerWatts", "gpu.{i}.powerPercent"))
+_KEYS = ("cpu", "memory", "network", "disk", "proc.memory.availableMB", "proc.memory.rssMB",
+         "proc.memory.percent", "proc.cpu.threads")
+_PROC_KEYS = ("proc.memory.rssMB", "proc.memory.percent", "proc.cpu.threads")  # again under proc.tree.*
+# scaffold's percentages: key -> (catalog metric averaged, catalog metric it is a share of).
+_PERCENTS = {"proc.memory.percent": ("proc_rss_mb", "sys_mem_total_mb"),
+             "gpu.{i}.memoryAllocated": ("mem_used_mb", "mem_total_mb"),
+             "gpu.{i}.powerPercent": ("power_w", "power_limit_w")}
+# Published as ints, as scaffold does (NVML and psutil give ints for these).
+_WHOLE = frozenset({"proc.cpu.threads", "gpu.{i}.gpu", "gpu.{i}.memory", "gpu.{i}.temp"})
 
 
 class AbstractBackendSender(abc.ABC):
@@ -37,46 +65,77 @@ class AbstractBackendSender(abc.ABC):
         """Implements sending event to the corresponding backend."""
 
 
-def _stats_dict(stats, network_init: dict | None, gpu_count: int) -> StatsDict:
-    out: StatsDict = {}
-
-    def put(key, value):
-        if value == value:  # leave out what is unknown rather than publish NaN
-            out[key] = value
-
-    for metric in catalog.METRICS:
-        if metric.wandb and metric.source != catalog.DEVICE:
-            key, stat = metric.wandb
-            put(key, stats.value(stat, metric.name))
-    rss, total = stats.value("mean", "proc_rss_mb"), stats.value("mean", "sys_mem_total_mb")
-    put("proc.memory.percent", rss / total * 100.0 if total else float("nan"))
-    if network_init:
-        put("network.sent", stats.value("last", "sys_net_sent_bytes") - network_init["sent"])
-        put("network.recv", stats.value("last", "sys_net_recv_bytes") - network_init["recv"])
-    for i in range(gpu_count):
-        def device(stat: str, name: str) -> float:
-            return stats.value(stat, catalog.device_column(i, name))
-
-        for metric in catalog.METRICS:
-            if metric.wandb and metric.source == catalog.DEVICE:
-                key, stat = metric.wandb
-                put(key.format(i=i), device(stat, metric.name))
-        used, mem_total = device("mean", "mem_used_mb"), device("last", "mem_total_mb")
-        put(f"gpu.{i}.memoryAllocated", used / mem_total * 100.0 if mem_total else float("nan"))
-        power, limit = device("mean", "power_w"), device("last", "power_limit_w")
-        put(f"gpu.{i}.powerPercent", power / limit * 100.0 if limit else float("nan"))
+def _figures(stats, column) -> dict[str, float]:
+    """scaffold's key -> its figure over the period (NaN if unknown);
+    ``column(metric)`` is the store column of a catalog metric."""
+    out = {m.wandb[0]: stats.value(m.wandb[1], column(m)) for m in catalog.METRICS if m.wandb}
+    for key, (part, whole) in _PERCENTS.items():
+        total = stats.value("last", column(catalog.BY_NAME[whole]))
+        out[key] = stats.value("mean", column(catalog.BY_NAME[part])) / total * 100.0 if total > 0 else NAN
     return out
 
 
+def _stats_dict(stats, gpu_count: int, tree: bool, network: dict | None) -> StatsDict:
+    """One period's StatsDict, without the rank prefix; what is unknown is left out."""
+    out: StatsDict = {}
+
+    def put(key: str, template: str, value: float) -> None:
+        if value == value:
+            out[key] = int(round(value)) if template in _WHOLE else float(value)
+
+    for i in range(gpu_count):
+        device = _figures(stats, lambda m: catalog.device_column(i, m.name) if m.source == catalog.DEVICE else m.name)
+        for group in _GPU_GROUPS:
+            if all(device[key] == device[key] for key in group):
+                for key in group:
+                    put(key.format(i=i), key, device[key])
+    own = _figures(stats, lambda m: m.name)
+    for key in _KEYS:
+        if key != "network":
+            put(key, key, own[key])
+        elif network is not None:
+            out[key] = network
+    if tree:
+        whole = _figures(stats, lambda m: TREE_PREFIX + m.name if m.source == catalog.TREE else m.name)
+        for key in _PROC_KEYS:
+            put("proc.tree." + key[len("proc."):], key, whole[key])
+    return out
+
+
+def _network_bytes() -> dict[str, int] | None:
+    counters = psutil.net_io_counters()  # every interface, loopback included, as scaffold counts
+    return None if counters is None else {"sent": counters.bytes_sent, "recv": counters.bytes_recv}
+
+
+class _WholeTree(ProcessTree):
+    """The pid's whole process tree, under ``tree_<metric>`` columns beside
+    the pid's own figures."""
+
+    name = "whole process tree"
+
+    def __init__(self, pid: int):
+        # No exact peak: nothing here publishes it, and the root's high-water
+        # mark is not reset behind the watched process's back.
+        super().__init__(pid, children=True, exact_peak=False)
+        self.fields = tuple(TREE_PREFIX + f for f in self.fields)
+
+    def sample(self, now: float) -> dict[str, float]:
+        return {TREE_PREFIX + k: v for k, v in super().sample(now).items()}
+
+
 class _Publisher:
+    """The monitor's consumer that publishes: as the run starts, every
+    ``sample_rate_seconds``, and once as it ends."""
+
+    name = "backend_sender"
+    at_start = True
+
     def __init__(self, owner: "SystemMonitor"):
         self.owner = owner
         self.every_s = owner.sample_rate_seconds
-        self.window = None
-        self.lock = threading.Lock()  # flush() from the user's thread vs the sender thread
 
     def consume(self, store, final: bool) -> None:
-        self.owner._publish_period()
+        self.owner._publish_period(store)
 
     def close(self) -> None:
         pass
@@ -85,71 +144,100 @@ class _Publisher:
 class SystemMonitor:
     """Initializes the SystemMonitor using the parent thread's PID and a
     backend_sender that implements the logic to send the collected stats to
-    the corresponding backend, e.g. CSV, Tensorboard, WandB."""
+    the corresponding backend, e.g. CSV, Tensorboard, WandB.
+
+    nbmon's addition, keyword-only: ``tree=True`` publishes the pid's whole
+    process tree too, as ``proc.tree.memory.rssMB``,
+    ``proc.tree.memory.percent`` and ``proc.tree.cpu.threads``.
+    """
 
     def __init__(self, pid: int, backend_sender: AbstractBackendSender,
-                 sample_rate_seconds: int = 2, rank: Optional[int] = None):
-        self.pid = check_pid(pid)
+                 sample_rate_seconds: int = 2, rank: Optional[int] = None, *, tree: bool = False):
+        pid = check_pid(pid)
         if not callable(getattr(backend_sender, "publish", None)):
             raise TypeError(f"backend_sender {backend_sender!r} has no publish(event) method")
-        self.sample_rate_seconds = check_interval(sample_rate_seconds, "sample_rate_seconds")
+        rate = check_interval(sample_rate_seconds, "sample_rate_seconds")
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
             raise ValueError(f"rank must be a non-negative whole number or None, got {rank!r}")
-        self.backend_sender = backend_sender
-        self.rank = rank
+        if not isinstance(tree, bool):
+            raise ValueError(f"tree must be True or False, got {tree!r}")
+        # scaffold's attribute names.
+        self._pid = pid
+        self._backend_sender = backend_sender
+        self._sample_rate_seconds = rate
+        self._rank_prefix = f"rank{rank}." if rank is not None else ""
         self.sampler: StatsDict = {}
-        self.network_init: Dict | None = None
-        self._proc = psutil.Process(self.pid)
-        self._publisher = _Publisher(self)
-        self._monitor = Monitor(self.pid, interval=min(0.5, self.sample_rate_seconds),
-                                consumers=[self._publisher])
-        self.gpu_count: int = 0
+        self.gpu_count: int = nvml.device_count()
+        self.network_init: Dict | None = _network_bytes()
+        self.rank = rank
+        self.tree = tree
         self.published = 0
+        self._window = None  # the period being gathered
+        # children=False: proc.* is the pid alone. No exact peak (see _WholeTree).
+        self._monitor = Monitor(pid, interval=min(MAX_SAMPLE_INTERVAL_S, rate), children=False,
+                                exact_peak=False, consumers=[_Publisher(self)],
+                                extra_sources=[_WholeTree(pid)] if tree else ())
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def backend_sender(self) -> AbstractBackendSender:
+        return self._backend_sender
+
+    @property
+    def sample_rate_seconds(self) -> float:
+        return self._sample_rate_seconds
 
     @property
     def proc(self) -> psutil.Process:
         """Returns the process corresponding to the parent's PID."""
-        return self._proc
+        return psutil.Process(pid=self._pid)
 
     @property
     def monitor(self) -> Monitor:
         """The nbmon engine underneath."""
         return self._monitor
 
+    @property
+    def _thread(self) -> ThreadView | None:
+        """scaffold's: the sampling thread while the monitor runs, else None."""
+        thread = self._monitor.thread
+        return ThreadView(thread) if thread is not None and self._monitor.running else None
+
     def start(self) -> None:
-        """Starts the monitor by launching a separate thread."""
-        monitor = self._monitor
-        if monitor.running:
-            return
-        monitor.start()
-        self.gpu_count = monitor.gpu_count
-        self.network_init = None  # the first sample's counters, taken at the first publish
-        with self._publisher.lock:
-            self._publisher.window = monitor.store.open_window(time.monotonic())
+        """Starts the monitor by launching a separate thread; the first
+        StatsDict is published at once."""
+        self._monitor.start()
 
     def flush(self) -> None:
-        """Publishes the metrics gathered since the last publish."""
-        self._publish_period()
-
-    def _publish_period(self) -> None:
-        publisher = self._publisher
-        with publisher.lock:
-            window = publisher.window
-            if window is None:
-                return
-            stats, publisher.window = window.store.roll_window(window, time.monotonic())
-            if stats.count == 0:
-                return
-            if self.network_init is None:
-                self.network_init = {"sent": stats.value("first", "sys_net_sent_bytes"),
-                                     "recv": stats.value("first", "sys_net_recv_bytes")}
-            stats_dict = _stats_dict(stats, self.network_init, self.gpu_count)
-            if self.rank is not None:
-                stats_dict = {f"rank{self.rank}.{k}": v for k, v in stats_dict.items()}
-            self.sampler = stats_dict
-        self.backend_sender.publish(stats_dict)
-        self.published += 1
+        """Publishes the latest StatsDict (``sampler``) again, as scaffold
+        does; nothing before anything was gathered."""
+        if self.sampler:
+            self._publish()
 
     def shutdown(self) -> None:
-        """Closes the SystemMonitor's thread (bounded, even with a stuck sender)."""
-        self._monitor.stop()
+        """Publishes once more and closes the SystemMonitor's thread
+        (bounded, even with a stuck sender)."""
+        running = self._monitor.running
+        self._monitor.stop()  # a running monitor's last period is published by its final call
+        if not running:
+            self.flush()
+
+    def _publish_period(self, store) -> None:
+        window = self._window
+        if window is None or window.store is not store:  # the run's first call, as it starts
+            window = store.open_window(store.t_start)
+            self._monitor.sample_now()
+        stats, self._window = store.roll_window(window, time.monotonic())
+        now, init = _network_bytes(), self.network_init
+        network = None if now is None or init is None else {k: now[k] - init[k] for k in init}
+        figures = _stats_dict(stats, self.gpu_count, self.tree, network)
+        # Replaced, not updated in place: flush() may copy it from another thread.
+        self.sampler = {**self.sampler, **{self._rank_prefix + k: v for k, v in figures.items()}}
+        self._publish()
+
+    def _publish(self) -> None:
+        self._backend_sender.publish(dict(self.sampler))
+        self.published += 1

@@ -1,111 +1,254 @@
 """The live dashboard: a plotly FigureWidget fed from a Monitor's store.
 
-The only nbmon module that imports plotly; the notebook layer imports it
-lazily. Built on the main thread; afterwards a daemon thread named
-``nbmon-live`` refreshes it at most ``refresh_hz`` times a second while the
-monitor runs. A refresh only sets trait values (plotly trace assignment)
-inside one ``batch_update``, so each frame is one comm message whose arrays
-travel as binary float32 buffers (plotly's widget serializer turns 1-D
-numeric numpy arrays other than int64/uint64 into memoryviews). When no
-sample arrived since the last frame nothing is sent.
+The only nbmon module that imports plotly, and only inside functions: the
+first plotly FigureWidget of a process costs seconds (plotly.basewidget
+imports nbformat, jsonschema and, where installed, rfc3987_syntax, which
+builds a grammar), so ``%load_ext nbmon`` warms it in a background thread
+(:func:`warm`) and ``%resmon`` shows the record at once and the chart when
+the widget is ready.
 
-:meth:`Dashboard.freeze` stops the refresher and returns static HTML (the run's
-summary table and an SVG timeline, :func:`record_html`), the record a saved
-notebook keeps. :func:`write_html` writes a self-contained offline page of a
-whole run (the CLI's ``--html``).
+What is displayed is not the widget but its static record (text/html:
+headline figures, summary table, SVG timeline) carrying the widget's id; the
+widget's front end (js/dashboard.js) mounts a live plotly view into it. A
+saved notebook therefore holds plain HTML that shows the figures wherever
+the widget cannot (kernel gone, nbconvert, GitHub), never a "model not
+found". The record is re-sent every :data:`RECORD_EVERY_S` seconds and when
+told (:meth:`Dashboard.update_record`, at each cell's end) to stay current.
+
+Streaming is one-way and incremental: after the widget's first state, a
+daemon thread ``nbmon-live`` sends at most ``refresh_hz`` times a second one
+custom message holding only the samples that arrived since the last one (x
+float64 seconds since the run's start, one float32 y per trace, as binary
+buffers), the title, and the cell bands that changed; nothing when nothing
+changed. The front end never answers (see js/dashboard.js).
+
+:meth:`Dashboard.freeze` stops the refresher and returns the final record.
+:func:`write_html` writes a self-contained offline page of a whole run (the
+CLI's ``--html``).
 """
 from __future__ import annotations
 
 import html
 import math
 import os
+import pathlib
 import threading
 import time
+import uuid
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from .. import catalog
 from ..format import fmt
-from .charts import ROW_PX, svg_record_timeline, traces_for
+from ..render import FG, MUTED, html_table
+from .charts import svg_record_timeline, traces_for
 from .frames import DEFAULT_BUDGET, build_frame, frame_bytes
 
-__all__ = ["Dashboard", "THREAD_NAME", "frame_bytes", "record_html", "write_html"]
+__all__ = ["Dashboard", "THREAD_NAME", "frame_bytes", "record_html", "warm", "write_html"]
 
 THREAD_NAME = "nbmon-live"
+DEFAULT_REFRESH_HZ = 2.0   # frames a second at most: ~2 KiB/s of websocket traffic at 10 Hz sampling
+RECORD_EVERY_S = 30.0      # the static record is re-sent this often (and at each cell's end)
+MARGIN_PX = 110            # title, legend and x axis around the rows
+LOADER = (pathlib.Path(__file__).parent / "static" / "dashboard.js").read_text(encoding="utf-8")
 _EMPTY = np.empty(0, dtype=np.float32)
-
-
-class FigureWidget(go.FigureWidget):  # the same name: callers check it
-    # anywidget connects every widget whose _esm is a file to that file's
-    # change signal, with a strong reference that close() does not drop:
-    # each Dashboard (one per %resmon) would stay in memory for good. The
-    # file's text as a plain string is the same module without the watch.
-    _esm = str(go.FigureWidget._esm)
+PUSH_AFTER_S = 0.5         # the bundle's push waits this long for the front end to listen
+_classes: dict[str, type] = {}
+_classes_lock = threading.Lock()
+_bundle_pushed = threading.Event()   # once per process: pages that missed it ask
 
 
 def _columns_of(monitor) -> list[str]:
     """The columns a monitor's store has, or will have once started."""
     if monitor.store is not None:  # a stopped monitor has closed its devices; its store still has them
         return list(monitor.store.columns)
-    options = monitor.options
     columns = list(catalog.names(catalog.TREE))
-    if options.system:
+    if monitor.options.system:
         columns += catalog.names(catalog.MACHINE)
     return columns
 
 
-def _figure(columns, x_title: str) -> go.Figure:
-    """Empty subplots (shared x) with one line trace per chart trace of ``columns``."""
+# -- plotly, lazily ----------------------------------------------------------------
+
+def warm() -> None:
+    """Import plotly, make nbmon's FigureWidget class and a first figure
+    (plotly loads its validators on first use): seconds, once per process."""
+    _widget_class()
+    _figure(catalog.names(catalog.TREE) + catalog.names(catalog.MACHINE), "")
+
+
+def ready() -> bool:
+    """Whether a FigureWidget can be made now without waiting for imports."""
+    return "FigureWidget" in _classes
+
+
+def _widget_class() -> type:
+    with _classes_lock:
+        if "FigureWidget" not in _classes:
+            _classes["FigureWidget"] = _make_widget_class()
+        return _classes["FigureWidget"]
+
+
+def _make_widget_class() -> type:
+    import plotly
+    import plotly.graph_objects as go
+    import traitlets
+
+    bundle_path = pathlib.Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
+
+    class FigureWidget(go.FigureWidget):  # the same name: callers check it
+        """plotly's FigureWidget with nbmon's front end (js/dashboard.js):
+        plotly's bundle is sent on request, never as widget state, and the
+        view sends no echo of updates back."""
+
+        _esm = LOADER
+        # What the front end needs from the start, in the widget's first state:
+        # bundle (plotly's version), id (of the record to mount into), window
+        # (seconds shown), traces ([{index, column, unit}]: the streamed ones),
+        # cells (bands at creation).
+        _nbmon = traitlets.Dict().tag(sync=True)
+
+        def __init__(self, figure=None, nbmon: dict | None = None):
+            self._nbmon_first = {"bundle": plotly.__version__, **(nbmon or {})}
+            super().__init__(figure)
+
+        @traitlets.default("_nbmon")
+        def _nbmon_default(self):
+            return self._nbmon_first
+
+        def send_bundle(self) -> None:
+            """Send plotly's bundle to the front end (js/dashboard.js: loadBundle)."""
+            self.send({"type": "nbmon:bundle"}, [bundle_path.read_bytes()])
+
+        def _handle_custom_msg(self, content, buffers):
+            # A method, not an on_msg callback: the request can come as soon as
+            # the comm opens, before this widget's __init__ has returned.
+            if isinstance(content, dict) and content.get("type") == "nbmon:bundle":
+                self.send_bundle()
+            else:
+                super()._handle_custom_msg(content, buffers)
+
+        def on_edits_completed(self, fn):
+            # The front end applies edits in order and sends no delta back to wait for.
+            fn()
+
+    return FigureWidget
+
+
+def _template():
+    import plotly.io as pio
+
+    # Transparent panels and grey grid lines read on a light and a dark page;
+    # the front end sets the font colour from JupyterLab's theme.
+    template = pio.templates["plotly_white"]
+    template.layout.update(paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
+    grid = "rgba(128,128,128,0.25)"
+    for axis in (template.layout.xaxis, template.layout.yaxis):
+        axis.update(gridcolor=grid, zerolinecolor=grid, linecolor=grid)
+    return template
+
+
+def _figure(columns, x_title: str):
+    """Empty subplots (shared x) from charts.ROWS: per row the kernel's own
+    traces on a left axis drawn on top, machine-wide ones as light bands on a
+    right axis beneath, and over the first row an invisible bar trace
+    ("cells") that gives the cell bands their hover text."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
     rows, traces = traces_for(columns)
-    fig = make_subplots(rows=max(1, len(rows)), cols=1, shared_xaxes=True, vertical_spacing=0.04)
+    n = max(1, len(rows))
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.05,
+                        row_heights=[row.px for row in rows] or None,
+                        specs=[[{"secondary_y": True}] for _ in range(n)])
     for trace in traces:
+        style = trace.style
         fig.add_trace(go.Scatter(
-            x=_EMPTY, y=_EMPTY, name=trace.label, mode="lines", meta=trace.column,
-            line={"width": 1.3, "color": trace.color},
-            hovertemplate=f"%{{y:.1f}} {trace.unit}<extra>{html.escape(trace.label)}</extra>"),
-            row=trace.row, col=1)
+            x=_EMPTY, y=_EMPTY, name=trace.label, mode="lines", meta=trace.column, connectgaps=True,
+            line={"width": style.width, "color": trace.color, "dash": style.dash},
+            fill="tozeroy" if style.fill else None, fillcolor=style.fill,
+            hovertemplate="%{text}", text=[]),
+            row=trace.row, col=1, secondary_y=not style.machine)
     for number, row in enumerate(rows, start=1):
-        fig.update_yaxes(title_text=row.title, rangemode="tozero", row=number, col=1)
-    fig.update_xaxes(title_text=x_title, row=max(1, len(rows)), col=1)
+        machine = any(t.row == number and t.style.machine for t in traces)
+        # Each axis its own ticks (plotly would align an overlaying axis's to the other's).
+        fig.update_yaxes(title_text=row.title, rangemode="tozero", side="left", showgrid=True,
+                         tickmode="auto", row=number, col=1, secondary_y=True)
+        fig.update_yaxes(title_text=row.machine if machine else None, side="right", showgrid=False,
+                         tickmode="auto", rangemode="tozero", visible=machine, row=number, col=1,
+                         secondary_y=False,
+                         **({"range": list(row.machine_range)} if machine and row.machine_range else {}))
+    fig.update_xaxes(title_text=x_title, row=n, col=1)
+    cells_axis = 2 * n + 1
+    fig.add_trace(go.Bar(x=[], y=[], meta="cells", name="cells", xaxis="x", yaxis=f"y{cells_axis}",
+                         marker={"color": "rgba(0,0,0,0)"}, hoverinfo="text", showlegend=False))
+    fig.update_layout({f"yaxis{cells_axis}": {"overlaying": "y", "range": [0, 1], "visible": False,
+                                              "fixedrange": True}})
     fig.update_layout(
         title={"x": 0.01, "y": 0.99, "yanchor": "top", "font": {"size": 14}},
-        height=100 + ROW_PX * max(1, len(rows)), margin={"l": 60, "r": 20, "t": 70, "b": 40},
-        template="plotly_white", hovermode="x unified",
+        height=MARGIN_PX + sum(row.px for row in rows), autosize=True,
+        margin={"l": 60, "r": 60, "t": 70, "b": 40},
+        template=_template(), hovermode="x unified", uirevision="nbmon",
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.01, "x": 0.0, "xanchor": "left",
                 "font": {"size": 10}},
     )
     return fig
 
 
-def record_html(monitor) -> str:
-    """Static record of a monitor's current (or last) run: its summary table
-    and an SVG timeline; plain HTML, no widget state or JavaScript."""
-    summary = monitor.summary()._repr_html_()
-    return f'<div class="nbmon-live-record">{summary}{svg_record_timeline(monitor.store)}</div>'
+# -- static records ----------------------------------------------------------------
+
+def headline(latest: dict) -> str:
+    """The figures of a sample (``Store.latest_known``), meter-style:
+    'CPU 3.1 % · RSS 120 MiB', plus GPU where there is one."""
+    parts = [f"CPU {fmt(latest.get('proc_cpu_percent'), catalog.unit_of('proc_cpu_percent'))}",
+             f"RSS {fmt(latest.get('proc_rss_mb'), catalog.unit_of('proc_rss_mb'))}"]
+    if "gpu_util_percent" in latest:
+        parts.append(f"GPU {fmt(latest.get('gpu_util_percent'), catalog.unit_of('gpu_util_percent'))}")
+        parts.append(f"GPU mem {fmt(latest.get('gpu_mem_used_mb'), catalog.unit_of('gpu_mem_used_mb'))}")
+    return " · ".join(parts)
+
+
+def record_html(monitor, live_id: str = "", state: str = "") -> str:
+    """Static record of a monitor's current (or last) run: its headline
+    figures, summary table and SVG timeline, both from the same run window;
+    plain HTML, no widget state or JavaScript. ``live_id`` lets a live
+    dashboard's front end mount its chart there; ``state`` ends the headline
+    ("stopped")."""
+    store = monitor.store
+    window = getattr(monitor, "_run_window", None)
+    stats = window.stats() if window is not None else None
+    figures = headline(store.latest_known()) if store is not None and len(store) else "no sample yet"
+    summary = monitor.summary()
+    when = time.strftime("%H:%M:%S", time.localtime(summary.end_time)) if summary.end_time else ""
+    tail = " · ".join(p for p in (state, f"as of {when}" if when else "") if p)
+    line = (f'<div class="nbmon-live-headline" style="font:12px/1.6 system-ui,sans-serif;color:{FG}">'
+            f'<b>nbmon</b> · {html.escape(figures)}'
+            + (f' <span style="color:{MUTED}">· {html.escape(tail)}</span>' if tail else "") + "</div>")
+    timeline = svg_record_timeline(store, stats, stats.t_open if stats is not None else -math.inf)
+    body = html_table("Resource summary", summary.rows(), extra=timeline)
+    live = f' data-nbmon-live="{html.escape(live_id)}"' if live_id else ""
+    return (f'<div class="nbmon-live-record"{live}><div class="nbmon-live-static">{line}{body}</div></div>')
 
 
 def write_html(monitor, path, *, title: str | None = None,
                budget_per_trace: int = 5000, overwrite: bool = True) -> str:
     """Write a self-contained, offline HTML page of the monitor's run: the
     static record and an interactive plotly chart of the whole run (x in
-    seconds since the first sample held; plotly.js embedded). Returns ``path``.
+    seconds since the run started; plotly.js embedded). Returns ``path``.
     With ``overwrite=False`` an existing file is left alone (FileExistsError)."""
     import plotly.io as pio
 
     fig = _figure(_columns_of(monitor), "seconds since start")
     store = monitor.store
     if store is not None and len(store):
-        columns = [trace.meta for trace in fig.data]
-        frame = build_frame(store, columns, math.inf, budget_per_trace,
+        live = [trace for trace in fig.data if trace.meta != "cells"]
+        columns = [trace.meta for trace in live]
+        frame = build_frame(store, columns, math.inf, budget_per_trace, origin=_origin(store),
                             max_bytes=8 * budget_per_trace * max(1, len(columns)))
-        t, _wall, _ = store.series([])
-        span = np.float32(t[-1] - t[0]) if len(t) else np.float32(0.0)
-        for trace, column in zip(fig.data, columns):
+        for trace, column in zip(live, columns):
             x, y = frame.get(column, (_EMPTY, _EMPTY))
-            trace.x = x + span
-            trace.y = y
+            unit = catalog.unit_of(column)
+            trace.update(x=x, y=y, text=[fmt(v, unit) for v in y.tolist()])
     name = title or "nbmon run"
     fig.update_layout(title_text=html.escape(name))
     plot = pio.to_html(fig, include_plotlyjs=True, full_html=False, config={"displaylogo": False})
@@ -122,21 +265,32 @@ def write_html(monitor, path, *, title: str | None = None,
     return path
 
 
+def _origin(store) -> float:
+    """x = 0 of a run's chart: its start, or its first sample held."""
+    return store.t_start if store.t_start == store.t_start else float(store.series([])[0][0])
+
+
+# -- the live dashboard --------------------------------------------------------------
+
 class Dashboard:
     """Live plotly chart of a :class:`~nbmon.monitor.Monitor`.
 
-    Rows: CPU % (tree and machine), memory MiB (tree RSS and machine used)
-    and, when the monitor has GPUs, utilisation % and memory MiB per device;
-    x is seconds before the newest sample, fixed to ``[-window_s, 0]``.
-    ``widget`` is the FigureWidget to display. The refresher thread starts
-    at once (``start=False`` to drive :meth:`refresh` by hand) and ends by
-    itself, after a last refresh, once a monitor it saw running stops.
-    Failed refreshes are counted in ``errors`` (the last in ``last_error``),
-    never raised from the thread.
+    Rows and traces come from :mod:`charts`; x is seconds since the run
+    started and fits the data until ``window_s`` seconds are held, then
+    shows the last ``window_s``. ``widget`` is the FigureWidget (None until
+    built: with ``build=False`` the refresher thread builds it, so a caller
+    can display the record at once). ``cells`` is a list the caller fills
+    with cell executions ({id, n, label, t0, t1}, times on the monitor's
+    clock, t1 None while running) to draw as bands. The refresher thread
+    starts at once (``start=False`` to drive :meth:`refresh` by hand) and
+    ends by itself, after a last refresh, once a monitor it saw running
+    stops. Failed refreshes are counted in ``errors`` (the last in
+    ``last_error``), never raised from the thread.
     """
 
-    def __init__(self, monitor, window_s: float = 600.0, refresh_hz: float = 4.0,
-                 budget_per_trace: int = DEFAULT_BUDGET, *, start: bool = True):
+    def __init__(self, monitor, window_s: float = 600.0, refresh_hz: float = DEFAULT_REFRESH_HZ,
+                 budget_per_trace: int = DEFAULT_BUDGET, *, start: bool = True, build: bool = True,
+                 cells: list | None = None):
         for name, value in (("window_s", window_s), ("refresh_hz", refresh_hz)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:
@@ -147,64 +301,101 @@ class Dashboard:
         self.window_s = float(window_s)
         self.refresh_hz = float(refresh_hz)
         self.budget_per_trace = budget_per_trace
-        self.refreshes = 0          # frames applied to the widget
+        self.cells = cells if cells is not None else []
+        self.live_id = uuid.uuid4().hex
+        self.handle = None          # the display handle of the record, set by whoever displays it
+        self.refreshes = 0          # frames sent to the widget
         self.skipped = 0            # refreshes with nothing new
         self.errors = 0             # exceptions caught in the refresher thread
         self.last_error: str | None = None
         self.last_frame_bytes = 0
         self.frozen = False
+        self.widget = None
+        self.columns = [trace.column for trace in traces_for(_columns_of(monitor))[1]]
         self._lock = threading.RLock()
         self._store = None
-        self._seq = -1
+        self._seq = 0
+        self._t0 = math.nan
+        self._t_last = -math.inf
+        self._sent_cells: dict = {}
+        self._recorded = time.monotonic()
+        self._shown_empty = False   # the record displayed had no sample yet
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-        self.widget = self._make_figure()
-        self.columns = [trace.meta for trace in self.widget.data]
-
+        if build:
+            self._build()
         if start:
             self.start()
 
     # -- figure ------------------------------------------------------------
-    def _make_figure(self) -> go.FigureWidget:  # nbmon's FigureWidget: see there
-        fig = _figure(_columns_of(self.monitor), "seconds before now")
-        fig.update_xaxes(range=[-self.window_s, 0.0], autorange=False)
-        fig.update_layout(title_text="waiting for samples…", uirevision="nbmon")
-        return FigureWidget(fig)
+    def _build(self) -> None:
+        """Make the widget with the window's samples so far (min/max decimated)."""
+        fig = _figure(_columns_of(self.monitor), "seconds since start")
+        with self._lock:
+            store = self.monitor.store
+            traces = [k for k, trace in enumerate(fig.data) if trace.meta != "cells"]
+            if store is not None and len(store):
+                self._attach(store)
+                frame = build_frame(store, self.columns, self.window_s, self.budget_per_trace, origin=self._t0)
+                for k, column in zip(traces, self.columns):
+                    x, y = frame.get(column, (_EMPTY, _EMPTY))
+                    fig.data[k].update(x=x.astype(np.float64), y=y)
+                fig.layout.title.text = self._title(store)
+            else:
+                fig.layout.title.text = "waiting for samples…"
+            self.widget = _widget_class()(fig, nbmon={
+                "id": self.live_id, "window": self.window_s, "cells": self._cell_updates(),
+                "traces": [{"index": k, "column": c, "unit": catalog.unit_of(c)} for k, c in zip(traces, self.columns)]})
 
-    def _title(self, latest: dict) -> str:
-        parts = [f"CPU {fmt(latest.get('proc_cpu_percent'), '%')}",
-                 f"RSS {fmt(latest.get('proc_rss_mb'), 'MiB')}"]
-        if "gpu_util_percent" in latest:
-            parts.append(f"GPU {fmt(latest.get('gpu_util_percent'), '%')}")
-            parts.append(f"GPU mem {fmt(latest.get('gpu_mem_used_mb'), 'MiB')}")
-        text = " · ".join(parts)
+    def _attach(self, store) -> None:
+        # Samples up to seq are in the first state; later ones are appended.
+        self._store, self._seq = store, store.seq
+        self._t0 = _origin(store)
+        self._t_last = store.latest()["t"] if len(store) else -math.inf
+
+    def _title(self, store) -> str:
+        text = headline(store.latest_known())
         return text + " · stopped" if self.frozen else text
+
+    def _cell_updates(self) -> list[dict]:
+        """Cells new or changed since last sent, with times as chart x."""
+        out = []
+        t0 = self._t0 if self._t0 == self._t0 else 0.0
+        for cell in list(self.cells):
+            key = (cell.get("n"), cell.get("t1"), cell.get("label"))
+            if self._sent_cells.get(cell["id"]) == key:
+                continue
+            self._sent_cells[cell["id"]] = key
+            out.append({"id": cell["id"], "n": cell.get("n"), "label": cell.get("label", ""),
+                        "t0": cell["t0"] - t0, "t1": None if cell.get("t1") is None else cell["t1"] - t0})
+        return out
 
     # -- refreshing --------------------------------------------------------
     def refresh(self, force: bool = False) -> bool:
-        """Apply one frame of the store to the widget; False (and nothing sent)
-        when no sample arrived since the last frame, unless ``force``."""
+        """Send the samples (and cell bands) new since the last frame; False,
+        and nothing sent, when there are none, unless ``force`` (which sends
+        the title even so)."""
         with self._lock:
             store = self.monitor.store
-            if store is None:
+            if store is None or self.widget is None:
                 return False
-            seq = store.seq
-            if not force and store is self._store and seq == self._seq:
+            if store is not self._store:  # built before the run started: every sample is new
+                self._store, self._seq, self._t0 = store, 0, _origin(store)
+            t, _wall, rows, seq, _lost = store.rows_since(self._seq)
+            fresh = t > self._t_last   # a sample already in the first state is not sent again
+            cells = self._cell_updates()
+            self._seq = seq
+            if not fresh.any() and not cells and not force:
                 self.skipped += 1
                 return False
-            frame = build_frame(store, self.columns, self.window_s, self.budget_per_trace)
-            latest = store.latest()
-            fig = self.widget
-            with fig.batch_update():
-                for trace, column in zip(fig.data, self.columns):
-                    x, y = frame.get(column, (_EMPTY, _EMPTY))
-                    trace.x = x
-                    trace.y = y
-                fig.layout.title.text = self._title(latest)
-            self._store, self._seq = store, seq
+            index = [store.columns.index(c) for c in self.columns]
+            buffers = [(t[fresh] - self._t0).astype(np.float64).tobytes()]
+            buffers += [rows[j][fresh].astype(np.float32).tobytes() for j in index]
+            if fresh.any():
+                self._t_last = float(t[fresh][-1])
+            self.widget.send({"type": "nbmon:append", "title": self._title(store), "cells": cells}, buffers)
             self.refreshes += 1
-            self.last_frame_bytes = frame_bytes(frame)
+            self.last_frame_bytes = sum(len(b) for b in buffers)
             return True
 
     def start(self) -> "Dashboard":
@@ -218,28 +409,46 @@ class Dashboard:
             self._thread.start()
             return self
 
-    def _refresh_counted(self) -> None:
+    def _counted(self, step) -> None:
         try:
-            self.refresh()
+            step()
         except Exception as err:  # never die, never print: count it
             self.errors += 1
             self.last_error = f"{type(err).__name__}: {err}"
 
+    def _sampled(self) -> bool:
+        store = self.monitor.store
+        return store is not None and len(store) > 0
+
     def _run(self, stop: threading.Event) -> None:
+        if self.widget is None:
+            # The first figures into the record (a sampler's first sample comes
+            # within a few hundred ms), then the chart, which can take seconds.
+            deadline = time.monotonic() + 2.0
+            while not self._sampled() and time.monotonic() < deadline and not stop.wait(0.02):
+                pass
+            if self._shown_empty and self._sampled():
+                self._counted(self.update_record)
+            self._counted(self._build)
+        if self.widget is not None and not _bundle_pushed.is_set() and not stop.wait(PUSH_AFTER_S):
+            _bundle_pushed.set()
+            self._counted(self.widget.send_bundle)
         period = 1.0 / self.refresh_hz
         seen_running = False
         while True:
             began = time.monotonic()
             running = bool(self.monitor.running)
             seen_running = seen_running or running
-            self._refresh_counted()
+            self._counted(self.refresh)
+            if began - self._recorded >= RECORD_EVERY_S or (self._shown_empty and self._sampled()):
+                self._counted(self.update_record)
             if seen_running and not running:
                 # A sample taken just as the monitor stopped can land after the
                 # refresh above; the monitor's stop() waits at most interval + 0.1 s
                 # for its sampler, so one more refresh after that draws it.
                 grace = min(1.0, float(getattr(self.monitor, "interval", 0.1)) + 0.1)
                 if not stop.wait(grace):
-                    self._refresh_counted()
+                    self._counted(self.refresh)
                 return
             if stop.wait(max(0.0, period - (time.monotonic() - began))):
                 return
@@ -258,28 +467,36 @@ class Dashboard:
         return True
 
     # -- static record -----------------------------------------------------
+    def update_record(self) -> None:
+        """Re-send the displayed record with the figures so far (a no-op
+        until it has been displayed through a handle)."""
+        self._recorded = time.monotonic()
+        if self.handle is not None and not self.frozen:
+            self.handle.update(self)
+
     def freeze(self, timeout: float = 1.0) -> str:
-        """Stop refreshing, draw the last frame, and return static HTML of the
-        run: the summary table and an SVG timeline (no widget state needed)."""
+        """Stop refreshing, send the last samples, and return the run's
+        final static record (no widget state needed)."""
         self.stop(timeout)
         self.frozen = True
-        try:
-            self.refresh(force=True)
-        except Exception as err:
-            self.errors += 1
-            self.last_error = f"{type(err).__name__}: {err}"
+        self._counted(lambda: self.refresh(force=True))
         return self.static_html()
 
     def static_html(self) -> str:
-        """The static record (summary table and SVG timeline) of the run."""
-        return record_html(self.monitor)
+        """The static record of the run, as a saved notebook keeps it."""
+        return record_html(self.monitor, state="stopped" if self.frozen else "")
 
     def close(self) -> str:
         """Freeze, then close the widget's comm; returns the static HTML."""
         record = self.freeze()
-        self.widget.close()
+        if self.widget is not None:
+            # Said first, so that the front end does not mark the chart "disconnected".
+            self._counted(lambda: self.widget.send({"type": "nbmon:stopped"}))
+            self.widget.close()
         return record
 
     def _repr_mimebundle_(self, **kwargs):
-        with self._lock:  # the widget's state is copied for display: not mid-frame
-            return self.widget._repr_mimebundle_(**kwargs)
+        self._shown_empty = not self._sampled()
+        return {"text/html": record_html(self.monitor, self.live_id),
+                "text/plain": f"nbmon live dashboard ({headline(self.monitor.latest())})"}
+

@@ -95,12 +95,13 @@ def bucket_max(t, series: Mapping[str, np.ndarray], points: int):
 
 
 def build_frame(store, columns: Sequence[str], window_s: float,
-                budget_per_trace: int = DEFAULT_BUDGET, *,
-                max_bytes: int = MAX_FRAME_BYTES) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+                budget_per_trace: int = DEFAULT_BUDGET, *, max_bytes: int = MAX_FRAME_BYTES,
+                origin: float | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The last ``window_s`` seconds of ``columns`` as ``{column: (x, y)}``.
 
-    ``x`` is float32 seconds relative to the newest sample (<= 0, 0 = now)
-    and ``y`` the float32 values; each trace has its own ``x`` because min/max
+    ``x`` is float32 seconds relative to the newest sample (<= 0, 0 = now),
+    or to ``origin`` (a time on the store's clock) when given, and ``y``
+    the float32 values; each trace has its own ``x`` because min/max
     decimation keeps different samples for different columns (traces that
     were not decimated share one ``x`` array). Columns the store lacks are
     left out; with no samples yet every present column maps to two empty
@@ -126,6 +127,7 @@ def build_frame(store, columns: Sequence[str], window_s: float,
     if t.shape[0] == 0:
         return {c: (_EMPTY, _EMPTY) for c in present}
     t_now = t[-1]
+    zero = t_now if origin is None else origin
     # A sample may have landed between latest() and series(): re-cut the window.
     start = int(np.searchsorted(t, t_now - window_s)) if math.isfinite(window_s) else 0
     t = t[start:]
@@ -136,10 +138,10 @@ def build_frame(store, columns: Sequence[str], window_s: float,
         idx = minmax_indices(v, budget)
         if idx is None:
             if shared_x is None:
-                shared_x = (t - t_now).astype(np.float32)
+                shared_x = (t - zero).astype(np.float32)
             frame[c] = (shared_x, v.astype(np.float32))
         else:
-            frame[c] = ((t[idx] - t_now).astype(np.float32), v[idx].astype(np.float32))
+            frame[c] = ((t[idx] - zero).astype(np.float32), v[idx].astype(np.float32))
     return frame
 
 

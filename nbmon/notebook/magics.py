@@ -8,12 +8,15 @@ from __future__ import annotations
 import ast
 import math
 import sys
+import threading
+import uuid
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import HTML, display
 
+from .. import dask as nbmon_dask
 from ..options import BACKENDS, DEFAULT_INTERVAL_S, Options, check_interval
 from .session import SESSION, cell_html, one_line
 
@@ -41,6 +44,33 @@ def _seconds(text: str | None, name: str, default: float, *, zero_ok: bool = Fal
         raise UsageError(str(err)) from None
 
 
+def _prompt_number(shell) -> int:
+    """The prompt number of the running cell: IPython's result of the cell
+    knows it (``shell.execution_count`` is ahead by one in some versions and
+    front ends); the count itself outside a cell."""
+    result = getattr(shell.displayhook, "exec_result", None)
+    count = getattr(result, "execution_count", None)
+    return count if count is not None else shell.execution_count
+
+
+def _user_traceback(shell, err: BaseException) -> None:
+    """Make IPython show ``err`` from the cell's own frames on, without the
+    magic's call and nbmon's frames above them. The exception object itself
+    is the cell's, unchanged but for this hook, which IPython asks for first
+    when it shows a traceback."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+
+    def render():
+        return shell.InteractiveTB.structured_traceback(type(err), err, tb, tb_offset=0)
+
+    try:
+        err._render_traceback_ = render
+    except (AttributeError, TypeError):  # an exception type without a __dict__: its full traceback
+        pass
+
+
 def _unquote(text: str) -> str:
     # parse_argstring splits non-POSIX style and keeps quotes: --label "a b" arrives as '"a b"'.
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
@@ -53,6 +83,8 @@ class ResmonMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
         self.dashboards: list = []   # (Dashboard, display handle)
+        self.cluster_views: list = []   # (nbmon.notebook.cluster.ClusterView, display handle)
+        self.cells: list[dict] = []   # cell executions while a dashboard shows: its bands
         self.auto_threshold_s: float | None = None
         self._auto_started_monitor = False
         self._auto_cell = None
@@ -70,6 +102,8 @@ class ResmonMagics(Magics):
     @argument("--backend", choices=BACKENDS, default=None,
               help="%%resmon start: sample from a helper process (default on Linux: no GIL-held C "
                    "call can stall it) or from a thread in the kernel")
+    @argument("--dask", metavar="CLIENT", help="%%resmon start: watch every worker of the "
+              "distributed.Client named CLIENT in the notebook (see nbmon.dask)")
     @argument("--label", default="", help="cell magic: a name for this cell in nbmon.history()")
     @argument("--quiet", action="store_true", help="cell magic: no live meter and no summary output")
     @argument("-o", "--output", action="store_true",
@@ -98,6 +132,8 @@ class ResmonMagics(Magics):
                                               ("-o", args.output)) if given]
         if cell_only:
             raise UsageError(f"{', '.join(cell_only)} only apply to a %%resmon cell")
+        if args.dask and args.subcommand != "start":
+            raise UsageError(f"--dask only applies to %resmon start, not {args.subcommand!r}")
         if args.subcommand not in SUBCOMMANDS:
             raise UsageError(f"unknown %resmon subcommand {args.subcommand!r}; "
                              f"use one of: {', '.join(SUBCOMMANDS)}")
@@ -109,6 +145,8 @@ class ResmonMagics(Magics):
             window = _seconds(args.window, "--window", 600.0)
             if window < interval:
                 raise UsageError(f"--window ({window:g} s) must be at least --interval ({interval:g} s)")
+            if args.dask:
+                return self._watch_cluster(args.dask, options, window)
             backend = args.backend or DEFAULT_BACKEND
             return self._start(Options.of(options, backend=backend), window, interval_given=args.interval is not None)
         if args.subcommand == "stop":
@@ -120,32 +158,83 @@ class ResmonMagics(Magics):
 
     # -- line magic ------------------------------------------------------
     def _start(self, options: Options, window: float, interval_given: bool) -> None:
-        from .dashboard import Dashboard
+        from . import dashboard as live
 
         monitor = SESSION.monitor
-        if monitor is not None and monitor.running:
-            if interval_given and options.interval != monitor.interval:
-                print(f"nbmon: already sampling every {monitor.interval:g} s; "
-                      f"%resmon stop first to change the interval")
-        else:
-            monitor, _ = SESSION.ensure_monitor(options)
-        dashboard = Dashboard(monitor, window_s=window)
-        handle = display(dashboard, display_id=True)  # under the refresh lock: never mid-frame
-        self.dashboards.append((dashboard, handle))
+        if monitor is not None and monitor.running and interval_given and options.interval != monitor.interval:
+            print(f"nbmon: already sampling every {monitor.interval:g} s; "
+                  f"%resmon stop first to change the interval")
+        # The record shows at once, before the sampler starts (a helper process
+        # takes a few hundred ms); the dashboard's thread re-sends it with the
+        # first figures, and builds the widget (plotly may still be
+        # importing), which mounts itself into the record.
+        monitor, made = SESSION.ensure_monitor(options, start=False)
+        dashboard = live.Dashboard(monitor, window_s=window, cells=self.cells, build=False, start=False)
+        dashboard.handle = display(dashboard, display_id=True)
+        if made:
+            monitor.start()
+        dashboard.start()
+        if not self.dashboards:
+            self.shell.events.register("pre_run_cell", self._cell_started)
+            self.shell.events.register("post_run_cell", self._cell_finished)
+        self.dashboards.append((dashboard, dashboard.handle))
+
+    def _cell_started(self, info) -> None:
+        monitor = SESSION.monitor
+        if monitor is None or not monitor.running:
+            return
+        first = next((line.strip() for line in (info.raw_cell or "").splitlines() if line.strip()), "")
+        self.cells.append({"id": uuid.uuid4().hex[:12], "n": self.shell.execution_count,
+                           "label": first[:60], "t0": monitor.clock(), "t1": None})
+
+    def _cell_finished(self, result) -> None:
+        monitor = SESSION.monitor
+        if self.cells and self.cells[-1]["t1"] is None and monitor is not None:
+            cell = self.cells[-1]
+            cell["t1"] = monitor.clock()
+            cell["n"] = result.execution_count if result.execution_count is not None else cell["n"]
+            labelled = [r for r in SESSION.records[-1:] if r["label"] and r["t_open"] >= cell["t0"]]
+            if labelled:
+                cell["label"] = labelled[0]["label"]
+        for dashboard, _ in self.dashboards:
+            dashboard.update_record()
 
     def stop(self) -> None:
         """Stop monitoring; each dashboard is replaced by its static record."""
         self._auto("off", quiet=True)
         summary = SESSION.stop()
+        self._unwatch_cluster()
         for dashboard, handle in self.dashboards:
             # close(), not just freeze(): the static record replaces the chart,
             # and an open widget would stay in ipywidgets' registry for good.
             record = dashboard.close()
             if handle is not None:
                 handle.update(HTML(record))
+        if self.dashboards:
+            self.shell.events.unregister("pre_run_cell", self._cell_started)
+            self.shell.events.unregister("post_run_cell", self._cell_finished)
         self.dashboards.clear()
+        self.cells.clear()
         if summary is not None:
             display(summary)
+
+    # -- a Dask cluster (nbmon.dask) -------------------------------------
+    def _watch_cluster(self, name: str, options: Options, window: float) -> None:
+        try:
+            watch = nbmon_dask.watch(nbmon_dask.client_named(self.shell.user_ns, name), options)
+        except (ValueError, RuntimeError, ImportError) as err:
+            raise UsageError(str(err)) from None
+        view = watch.view(window, start=False)
+        self.cluster_views.append((view, display(view, display_id=True)))
+        view.start()
+
+    def _unwatch_cluster(self) -> None:
+        left = nbmon_dask.unwatch()
+        for view, handle in self.cluster_views:
+            handle.update(HTML(view.close()))
+        self.cluster_views.clear()
+        for worker, threads in left.items():
+            print(f"nbmon: still running on worker {worker}: {', '.join(threads)}")
 
     def status(self) -> str:
         monitor = SESSION.monitor
@@ -166,22 +255,25 @@ class ResmonMagics(Magics):
         from .meter import Meter, MeterFeed
 
         shell = self.shell
+        number = _prompt_number(shell)
         record = handle = None
         try:
-            with SESSION.cell(options, label=args.label, execution_count=shell.execution_count,
-                              keep_running=self.auto_threshold_s is not None) as record:
+            with SESSION.cell(options, label=args.label, execution_count=number,
+                              keep_running=self.auto_threshold_s is not None) as record, \
+                    nbmon_dask.cell(record):
                 feed = None
                 if not args.quiet:
-                    meter = Meter(label=args.label or f"cell {shell.execution_count}")
+                    meter = Meter(label=args.label or f"cell {number}")
                     handle = display(meter, display_id=True)
                     feed = MeterFeed(meter, record["span"].monitor)
                 try:
-                    value = self._execute(cell)
+                    value = self._execute(cell, number)
                 except KeyboardInterrupt:
                     record["status"] = "interrupted"
                     raise
-                except BaseException:
+                except BaseException as err:
                     record["status"] = "failed"
+                    _user_traceback(shell, err)
                     raise
                 finally:
                     if feed is not None:
@@ -196,20 +288,20 @@ class ResmonMagics(Magics):
     def _show_cell(self, record, handle, quiet) -> None:
         if quiet:
             return
-        html = HTML(cell_html(record, SESSION.monitor))
+        html = HTML(cell_html(record, SESSION.monitor) + nbmon_dask.cell_html(record))
         if handle is not None:
             handle.update(html)  # the static record replaces the live meter in the saved notebook
         else:
             display(html)
 
-    def _execute(self, cell: str):
+    def _execute(self, cell: str, number: int):
         """Run the cell in the user namespace; return its last expression's value."""
         shell = self.shell
         # Registered with the compiler's line cache so that tracebacks show the cell's own
-        # lines ("Cell In[n]"), not a bare "<resmon-cell>"; the leading newline stands for
-        # the %%resmon line, so line numbers match the notebook cell.
+        # lines ("Cell In[n]", n its prompt number), not a bare "<resmon-cell>"; the leading
+        # newline stands for the %%resmon line, so line numbers match the notebook cell.
         source = "\n" + shell.transform_cell(cell)
-        filename = shell.compile.cache(source, shell.execution_count)
+        filename = shell.compile.cache(source, number)
         tree = shell.compile.ast_parse(source, filename)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         ns = shell.user_ns
@@ -254,7 +346,9 @@ class ResmonMagics(Magics):
         if info.raw_cell.lstrip().startswith("%%resmon"):
             self._auto_cell = None  # the cell magic summarises it already
             return
-        self._auto_cell = SESSION.cell(execution_count=self.shell.execution_count, keep_running=True)
+        # Cells shorter than the threshold are neither shown nor kept in the history.
+        self._auto_cell = SESSION.cell(execution_count=self.shell.execution_count, keep_running=True,
+                                       min_duration_s=self.auto_threshold_s or 0.0)
         self._auto_record = self._auto_cell.__enter__()
 
     def _post_run_cell(self, result) -> None:
@@ -265,15 +359,17 @@ class ResmonMagics(Magics):
         error = result.error_in_exec or result.error_before_exec
         if error is not None:
             record["status"] = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        if result.execution_count is not None:
+            record["execution_count"] = result.execution_count
         cell.__exit__(None, None, None)
         summary = record["summary"]
         if summary.duration_sec >= (self.auto_threshold_s or 0.0) and not math.isnan(summary.duration_sec):
-            display(HTML(f'<div class="nbmon-oneline" style="font:12px system-ui;color:#555">'
-                         f'{one_line(record)}</div>'))
+            display(HTML(f'<div class="nbmon-oneline" style="font:12px system-ui;'
+                         f'color:var(--jp-ui-font-color2, #555)">{one_line(record)}</div>'))
 
     def close(self) -> None:
         self._auto("off", quiet=True)
-        if (SESSION.monitor is not None and SESSION.monitor.running) or self.dashboards:
+        if (SESSION.monitor is not None and SESSION.monitor.running) or self.dashboards or self.cluster_views:
             self.stop()
 
 
@@ -286,6 +382,19 @@ def load(ipython) -> None:
     magics = ResmonMagics(ipython)
     ipython.register_magics(magics)
     _loaded[id(ipython)] = magics
+    # The first plotly FigureWidget costs seconds of imports: pay them now,
+    # in the background, not when %resmon is typed.
+    from . import dashboard
+
+    if not dashboard.ready():
+        threading.Thread(target=_warm, args=(dashboard,), name="nbmon-warmup", daemon=True).start()
+
+
+def _warm(dashboard) -> None:
+    try:
+        dashboard.warm()
+    except Exception:  # %resmon will say why, on the main thread
+        pass
 
 
 def unload(ipython) -> None:

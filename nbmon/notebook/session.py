@@ -21,20 +21,23 @@ class Session:
         self.records: list[dict] = []
         self.last: ResourceSummary | None = None
 
-    def ensure_monitor(self, options: Options | None = None) -> tuple[Monitor, bool]:
-        """The running monitor, starting one with ``options`` if none runs;
-        the flag says whether this call started it."""
+    def ensure_monitor(self, options: Options | None = None, *, start: bool = True) -> tuple[Monitor, bool]:
+        """The running monitor, or a new one with ``options`` if none runs
+        (started unless ``start`` is False: the caller starts it); the flag
+        says whether this call made it."""
         if self.monitor is not None and self.monitor.running:
             return self.monitor, False
         self.monitor = Monitor(options=options)
-        self.monitor.start()
+        if start:
+            self.monitor.start()
         return self.monitor, True
 
     @contextmanager
     def cell(self, options: Options | None = None, *, label: str = "", execution_count=None,
-             keep_running: bool = False):
+             keep_running: bool = False, min_duration_s: float = 0.0):
         """Monitor one cell: yields a dict that gets ``status`` (default
-        'ok'), and on exit gains ``summary`` and joins the history.
+        'ok'), and on exit gains ``summary`` (and ``stats``, its window's) and
+        joins the history if it lasted at least ``min_duration_s``.
         ``options`` apply if no monitor runs yet."""
         monitor, started = self.ensure_monitor(options)
         span = monitor.window()
@@ -46,11 +49,12 @@ class Session:
             summary = span.close()
             if started and not keep_running:
                 monitor.stop()
-            record.pop("span")
+            record["stats"] = record.pop("span").window.stats()
             record["summary"] = summary
             record["duration_sec"] = summary.duration_sec
-            self.records.append(record)
-            self.last = summary
+            if not summary.duration_sec < min_duration_s:
+                self.records.append(record)
+                self.last = summary
 
     def stop(self) -> ResourceSummary | None:
         if self.monitor is None:
@@ -76,16 +80,30 @@ def monitor(options: Options | None = None, *, consumers=(), **settings) -> Moni
     return running
 
 
-def history():
+def history(workers: bool = False):
     """pandas DataFrame, one row per monitored cell: execution_count, label,
     start_time (UTC), duration_sec, status ('ok', 'failed', 'interrupted'),
-    then the ResourceSummary fields (units in their names: _mb is MiB)."""
-    return history_frame(SESSION.records)
+    then the ResourceSummary fields (units in their names: _mb is MiB);
+    GPU columns only when some cell has a GPU figure. ``workers=True``: one
+    row per cell and worker of a watched Dask cluster (:mod:`nbmon.dask`)."""
+    if workers:
+        from .. import dask
+
+        frame = dask.history()
+    else:
+        frame = history_frame(SESSION.records)
+    empty = [c for c in frame.columns if "gpu" in c and frame[c].isna().all()]
+    return frame.drop(columns=empty)
 
 
-def samples():
+def samples(workers: bool = False):
     """pandas DataFrame of the current (or last) monitor's samples, indexed by
-    UTC time; one column per metric, units in the names."""
+    UTC time; one column per metric, units in the names. ``workers=True``:
+    every worker's samples of a watched Dask cluster, long (:mod:`nbmon.dask`)."""
+    if workers:
+        from .. import dask
+
+        return dask.samples()
     return samples_frame(SESSION.monitor.store if SESSION.monitor else None)
 
 
@@ -103,7 +121,7 @@ def cell_html(record: dict, monitor: Monitor | None) -> str:
         title += f" · {status}"
     timeline = ""
     if monitor is not None and s.num_samples > 1:
-        timeline = svg_record_timeline(monitor.store, record["t_open"])
+        timeline = svg_record_timeline(monitor.store, record["stats"], record["t_open"])
     return html_table(title, s.rows(), status=status, extra=timeline)
 
 

@@ -56,6 +56,9 @@ class Machine:
             except OSError:
                 self._disks = frozenset()
         self._cpu_busy, self._cpu_total = self._cpu_times()
+        # A sample before the first tick shows the average since boot, as
+        # vmstat's first line does, rather than nothing.
+        self._cpu_percent = self._cpu_busy / self._cpu_total * 100.0 if self._cpu_total > 0 else NAN
         self._refresh_slow(now)
 
     def _cpu_times(self) -> tuple[float, float]:

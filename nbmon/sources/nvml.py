@@ -85,6 +85,12 @@ def init() -> bool:
         return _device_count > 0
 
 
+def device_count() -> int:
+    """How many devices NVML reports (0 when it is unusable); initialises NVML."""
+    init()
+    return _device_count
+
+
 def status() -> str:
     """Why GPU metrics are on or off: 'ok', or a reason in words."""
     return _state
@@ -179,8 +185,45 @@ class _Device:
         return sum(used.values()) / MIB
 
 
+def visible_indices(pynvml, count: int, spec: str | None) -> list[int]:
+    """The NVML indices of the devices that ``CUDA_VISIBLE_DEVICES`` (``spec``)
+    lets a process use: every device when unset; otherwise its entries in
+    order, each an index or a (prefix of a) UUID, and -- CUDA's rule -- the
+    list ends at the first entry that names no device (so "" is none). A
+    device keeps its NVML index (nvidia-smi's numbering, the same on every
+    process of a host), not the 0-based one CUDA gives it inside the process.
+    MIG instances (``MIG-...``) are not resolved: every device is kept."""
+    entries = None if spec is None else [e.strip() for e in spec.split(",")]
+    if entries is None or any(e.startswith("MIG-") for e in entries):
+        return list(range(count))
+    uuids: list[str] | None = None
+    out: list[int] = []
+    for entry in entries:
+        if entry.isdigit():
+            index = int(entry) if int(entry) < count else None
+        else:
+            if uuids is None:
+                uuids = [_uuid(pynvml, i) for i in range(count)]
+            named = [i for i, u in enumerate(uuids)
+                     if entry and (u.startswith(entry) or u.startswith("GPU-" + entry))]
+            index = named[0] if len(named) == 1 else None
+        if index is None or index in out:
+            break
+        out.append(index)
+    return out
+
+
+def _uuid(pynvml, index: int) -> str:
+    try:
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+    except pynvml.NVMLError:
+        return ""
+    return uuid.decode() if isinstance(uuid, bytes) else uuid
+
+
 class GPUs:
-    """Per-device and total GPU figures of the machine, plus the GPU memory of
+    """Per-device and total GPU figures of the devices this process may use
+    (:func:`visible_indices` of its ``CUDA_VISIBLE_DEVICES``), plus the GPU memory of
     the processes ``tree_pids()`` returns (pids as NVML sees them: inside a
     container with its own pid namespace they do not match, and the tree's
     GPU memory reads 0)."""
@@ -208,7 +251,11 @@ class GPUs:
         if init():
             import pynvml
 
-            for index in range(_device_count):
+            spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+            indices = visible_indices(pynvml, _device_count, spec)
+            if not indices:
+                self.note = f"no GPU visible to this process (CUDA_VISIBLE_DEVICES={spec!r})"
+            for index in indices:
                 try:
                     self.devices.append(_Device(pynvml, index))
                 except pynvml.NVMLError as err:

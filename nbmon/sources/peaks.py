@@ -81,6 +81,7 @@ class PeakMark:
         self._map: mmap.mmap | None = None
         self._slot = -1
         self.path = ""
+        self.joined_kb = float("nan")  # the mark when we joined: the process's peak until then
 
     def open(self) -> bool:
         started = start_time_ticks(self.pid)
@@ -123,7 +124,8 @@ class PeakMark:
             if view[0] != _MAGIC:
                 view[0], view[1] = _MAGIC, 0
             # What the mark holds now belongs to the readers already there.
-            self._fold(self._read_kb())
+            self.joined_kb = self._read_kb()
+            self._fold(self.joined_kb)
             self._slot = self._claim_slot(view)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)

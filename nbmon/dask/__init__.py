@@ -1,0 +1,152 @@
+"""Every worker of a Dask cluster, from the notebook.
+
+    import nbmon.dask
+    watch = nbmon.dask.watch(client)   # each worker samples itself; display `watch` for the live view
+    ...
+    nbmon.dask.unwatch()               # stops it on every worker, no thread left behind
+
+or ``%resmon --dask client`` / ``%resmon stop`` in a notebook. Each worker
+samples its own process tree (the worker and the processes its tasks
+start) with the local monitor's rules -- exact peak RSS, nanosecond CPU
+clocks -- and only the GPUs its ``CUDA_VISIBLE_DEVICES`` lets it use; the
+machine is sampled once per host. Workers send one batch a second (min,
+max and mean of every field) as Dask events; workers that join later are
+watched too, and ones that leave stay in the view with a marker.
+
+While a cluster is watched, ``%%resmon`` also summarises the cell on every
+worker, from exact spans opened and closed on the workers at the cell's
+boundaries: ``nbmon.history(workers=True)`` has one row per cell and
+worker (``nbmon.history()`` keeps its one row per cell, for the kernel).
+``nbmon.samples(workers=True)`` is every worker's rows, long, with
+``worker`` and ``host`` columns.
+
+Needs Dask distributed (``pip install "nbmon[dask]"``) in the notebook, and
+nbmon importable where the scheduler and the workers run: Dask imports
+plugins there. Importing this module does not import distributed; watching does.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+from ..options import Options
+
+__all__ = ["watch", "unwatch", "watching", "history", "samples", "cell", "cell_html", "client_named"]
+
+_watch = None            # the Watch of the cluster being watched (one at a time)
+_records: list[dict] = []   # one per (cell, worker), for history(workers=True)
+
+
+def _distributed():
+    try:
+        import distributed
+    except ImportError:
+        raise ImportError('watching a Dask cluster needs Dask distributed: pip install "nbmon[dask]"') from None
+    return distributed
+
+
+def watch(client, options: Options | None = None, *, every_s: float = 1.0,
+          worker_max_bytes: int = 1 << 20, **settings):
+    """Watch every worker of ``client``'s cluster; returns the Watch (display
+    it for a live view). ``options`` / ``settings`` as for a Monitor
+    (``interval``, ``gpu``, ``children``, ``system``: the machine, once per
+    host). ``every_s`` seconds between a worker's batches (at least 1);
+    ``worker_max_bytes`` bounds the notebook's store of each worker.
+    Watching the cluster already watched returns its Watch."""
+    global _watch
+    distributed = _distributed()
+    from .client import Watch
+
+    if not isinstance(client, distributed.Client):
+        raise ValueError(f"watch() needs a distributed.Client, got {client!r}")
+    if client.status != "running":
+        raise ValueError(f"the client {client!r} is not connected (status {client.status!r})")
+    options = Options.of(options, **settings)
+    if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) \
+            or not math.isfinite(every_s) or not 1.0 <= every_s <= 3600.0:
+        raise ValueError(f"every_s must be a number of seconds from 1 to 3600, got {every_s!r}")
+    if isinstance(worker_max_bytes, bool) or not isinstance(worker_max_bytes, int) \
+            or worker_max_bytes < 1 << 18:
+        raise ValueError(f"worker_max_bytes must be a whole number of bytes, at least 262144, "
+                         f"got {worker_max_bytes!r}")
+    if _watch is not None and _watch.running:
+        if _watch.client is client:
+            return _watch
+        raise ValueError(f"already watching the cluster at {_watch.address}: unwatch() it first")
+    _watch = Watch(client, options, every_s=float(every_s), worker_max_bytes=worker_max_bytes).start()
+    return _watch
+
+
+def unwatch() -> dict[str, list[str]]:
+    """Stop watching: every worker stops sampling. Returns ``{worker: [nbmon
+    threads still alive there]}`` for any worker that has some (empty: all clean)."""
+    return _watch.stop() if _watch is not None else {}
+
+
+def watching():
+    """The Watch of the cluster being watched, or None."""
+    return _watch if _watch is not None and _watch.running else None
+
+
+def client_named(namespace: dict, name: str):
+    """The ``distributed.Client`` called ``name`` in ``namespace`` (the notebook's),
+    or ValueError saying what is there instead."""
+    if name not in namespace:
+        raise ValueError(f"no variable {name!r} in the notebook: --dask takes the name of a distributed.Client")
+    client = namespace[name]
+    if not isinstance(client, _distributed().Client):
+        raise ValueError(f"{name!r} is a {type(client).__name__}, not a distributed.Client")
+    return client
+
+
+@contextmanager
+def cell(record: dict):
+    """Around a monitored cell (``record`` as the session's): exact spans on
+    every worker of the watched cluster; nothing when none is watched. Adds
+    one record per worker to :func:`history` and lists them in
+    ``record["workers"]``."""
+    watched = watching()
+    if watched is None:
+        yield
+        return
+    token, opened = watched.open_spans()
+    try:
+        yield
+    finally:
+        rows = watched.close_spans(token, opened)
+        base = {k: record.get(k) for k in ("execution_count", "label", "start_time", "status")}
+        for row in rows:
+            answered = row["summary"].num_samples > 0
+            row.update(base, duration_sec=row["summary"].duration_sec,
+                       status=base["status"] if answered else "no answer")
+        record["workers"] = rows
+        _records.extend(rows)
+
+
+def cell_html(record: dict) -> str:
+    """The per-worker table of a cell made under :func:`cell` ("" if none)."""
+    if not record.get("workers"):
+        return ""
+    from ..notebook.cluster import workers_cell_html
+
+    return workers_cell_html(record["workers"])
+
+
+def history():
+    """One row per (monitored cell, worker): the columns of ``nbmon.history()``
+    with ``worker`` and ``host`` after ``status``; a worker that did not
+    answer at the cell's end has status 'no answer' and no figures."""
+    from ..tables import history_frame
+
+    frame = history_frame(_records)
+    frame.insert(5, "worker", [r["worker"] for r in _records])
+    frame.insert(6, "host", [r["host"] for r in _records])
+    return frame
+
+
+def samples():
+    """Every row of every worker of the watched (or last watched) cluster:
+    see :meth:`nbmon.dask.feeds.Collector.samples_frame`."""
+    from .feeds import Collector
+
+    return (_watch.collector if _watch is not None else Collector()).samples_frame()

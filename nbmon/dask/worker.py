@@ -1,0 +1,279 @@
+"""The worker side: what runs inside each Dask worker (and one hook on the scheduler).
+
+:class:`NbmonPlugin` (a ``distributed`` WorkerPlugin) joins its worker to
+the process's *hub*: one :class:`~nbmon.monitor.Monitor` (thread backend)
+on the worker process and its children, shared by the workers of one
+process and one watch. The hub is the monitor's consumer: every
+``every_s`` it turns the samples taken since its last call into one batch
+(:mod:`nbmon.dask.wire`) and logs it as an event of the watch's topic on
+each of its workers, which Dask forwards, through the scheduler, to the
+notebook's subscription. Tearing the plugin down on the last worker of a
+process stops the monitor: no nbmon thread is left behind.
+
+The machine (CPU, memory, disk, network of the host) is sampled by one
+process per host and watch: :class:`HostMachine` holds a lock file; the
+others try to take it over every few seconds, so a host stays covered when
+its reporter dies. :class:`Roster`, a SchedulerPlugin, tells the notebook
+when a worker joins or leaves, including one that was killed.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import math
+import os
+import socket
+import tempfile
+import threading
+import weakref
+
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
+
+from .. import catalog
+from ..monitor import Monitor
+from ..options import Options
+from ..sources.machine import Machine
+from .wire import HEADER_EVERY, Encoder
+
+MIB = 1024.0 * 1024.0
+NAN = math.nan
+TAKEOVER_S = 2.0   # how often a host's other processes try to take the machine over
+
+
+def _lock_dir() -> str:
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+class HostMachine:
+    """The machine's figures from the one process per host that holds the
+    host lock of ``key``; NaN in every other process."""
+
+    name = "machine (one process per host)"
+
+    def __init__(self, key: str):
+        self.fields = catalog.names(catalog.MACHINE)
+        digest = hashlib.sha1(key.encode()).hexdigest()[:20]
+        self.path = os.path.join(_lock_dir(), f"nbmon-host-{digest}.lock")
+        self._none = dict.fromkeys(self.fields, NAN)
+        self._machine: Machine | None = None
+        self._fd = -1
+        self._next_try = -math.inf
+        _host_machines.add(self)
+
+    @property
+    def elected(self) -> bool:
+        return self._fd >= 0
+
+    def start(self, now: float) -> None:
+        self._try(now)
+
+    def _try(self, now: float) -> None:
+        self._next_try = now + TAKEOVER_S
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:  # no room or no rights there: this process does not report the host
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # The holder unlinks the file as it leaves: a lock on that old
+            # file would make two holders.
+            if os.fstat(fd).st_ino != os.stat(self.path).st_ino:
+                raise BlockingIOError
+            machine = Machine()
+            machine.start(now)
+        except OSError:  # held elsewhere (BlockingIOError), or gone since we opened it
+            os.close(fd)
+            return
+        self._fd, self._machine = fd, machine
+
+    def sample(self, now: float) -> dict[str, float]:
+        if self._fd < 0 and now >= self._next_try:
+            self._try(now)
+        return self._machine.sample(now) if self._fd >= 0 else self._none
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self._machine.close()
+            try:
+                os.unlink(self.path)   # while still holding it: see _try
+            except OSError:
+                pass
+            os.close(self._fd)
+            self._fd, self._machine = -1, None
+
+
+_host_machines: "weakref.WeakSet[HostMachine]" = weakref.WeakSet()
+
+
+def _drop_locks_in_child() -> None:
+    # A forked child (a task's multiprocessing worker) shares the lock with
+    # its parent: were it to keep its copy, the host would stay locked after
+    # the worker died, and nobody could take the machine over.
+    for machine in list(_host_machines):
+        if machine._fd >= 0:
+            os.close(machine._fd)
+            machine._fd, machine._machine = -1, None
+
+
+os.register_at_fork(after_in_child=_drop_locks_in_child)
+
+
+def log_event(worker, topic: str, msg: dict) -> None:
+    """The transport: an event on the worker's batched stream to the scheduler
+    (thread-safe), forwarded to the topic's subscribers."""
+    worker.log_event(topic, msg)
+
+
+class _Hub:
+    """The monitor of one process for one watch, and its batches."""
+
+    def __init__(self, topic: str, options: Options, every_s: float, send):
+        self.topic, self.every_s, self.send = topic, every_s, send
+        self.machine = HostMachine(topic) if options.system else None
+        self.monitor = Monitor(os.getpid(), Options.of(options, system=False, backend="thread"),
+                               extra_sources=[self.machine] if self.machine else [],
+                               consumers=[self])
+        self.workers: dict[str, object] = {}
+        self.spans: dict[tuple[str, str], object] = {}
+        self.host = socket.gethostname()
+        self._encoder: Encoder | None = None
+        self._cursor = 0
+        self._headed: dict[str, bool] = {}   # worker -> the `machine` flag its last header said
+        self._lock = threading.Lock()
+
+    def add(self, worker) -> None:
+        with self._lock:
+            self.workers[worker.address] = worker
+        if not self.monitor.running:
+            self.monitor.start()
+            self._encoder = Encoder(self.monitor.store.columns)
+            self._cursor = 0
+
+    def remove(self, worker) -> bool:
+        """Leave the hub; True when it was the last worker (the monitor is stopped)."""
+        if len(self.workers) == 1 and worker.address in self.workers:
+            self.monitor.stop()   # its final batch still goes to this worker
+        with self._lock:
+            self.workers.pop(worker.address, None)
+            self._headed.pop(worker.address, None)
+            for key in [k for k in self.spans if k[1] == worker.address]:
+                del self.spans[key]
+            return not self.workers
+
+    def _about(self, worker) -> dict:
+        memory = getattr(worker, "memory_manager", None)
+
+        def fraction(name):
+            value = getattr(memory, name, False)
+            return None if value is False or value is None else float(value)
+
+        limit = getattr(memory, "memory_limit", None)
+        return {"host": self.host, "name": str(worker.name), "pid": os.getpid(),
+                "limit_mb": limit / MIB if limit else None,
+                "spill": fraction("memory_spill_fraction"), "pause": fraction("memory_pause_fraction"),
+                "machine": self.machine is not None and self.machine.elected,
+                "peak_exact": bool(self.monitor.peak_exact), "gpu": self.monitor.gpu_state}
+
+    # -- consumer of the monitor's store --------------------------------------
+    def consume(self, store, final: bool) -> None:
+        t, wall, rows, self._cursor, _lost = store.rows_since(self._cursor)
+        if not len(t):
+            return
+        batch = self._encoder.encode(wall, rows, end=final)
+        elected = self.machine is not None and self.machine.elected
+        if batch["s"] % HEADER_EVERY == 0:
+            self._headed.clear()
+        with self._lock:
+            workers = list(self.workers.items())
+        for address, worker in workers:
+            msg = dict(batch, w=address)
+            if self._headed.get(address) is not elected:
+                msg["h"] = self._encoder.header(self._about(worker))
+                self._headed[address] = elected
+            self.send(worker, self.topic, msg)
+
+    def close(self) -> None:
+        pass
+
+
+_hubs: dict[str, _Hub] = {}
+_hubs_lock = threading.Lock()
+
+
+class NbmonPlugin(WorkerPlugin):
+    """Samples the worker for the watch of ``topic``; see the module's doc.
+    ``send(worker, topic, msg)`` is the transport (the benchmark swaps it)."""
+
+    def __init__(self, topic: str, options_json: str, every_s: float, send=log_event):
+        self.topic, self.options_json, self.every_s, self.send = topic, options_json, every_s, send
+
+    def setup(self, worker) -> None:
+        with _hubs_lock:
+            hub = _hubs.get(self.topic)
+            if hub is None:
+                hub = _hubs[self.topic] = _Hub(self.topic, Options.from_json(self.options_json),
+                                               self.every_s, self.send)
+        hub.add(worker)
+
+    def teardown(self, worker) -> None:
+        with _hubs_lock:
+            hub = _hubs.get(self.topic)
+            if hub is not None and hub.remove(worker):
+                del _hubs[self.topic]
+
+
+def roster_name(topic: str) -> str:
+    return topic + "-roster"
+
+
+class Roster(SchedulerPlugin):
+    """On the scheduler: tells the watch's topic which workers join and leave
+    (a killed worker too: the scheduler sees its connection drop), and stops
+    the watch everywhere if the notebook's client (``client_id``) goes away
+    without unwatching (a killed kernel)."""
+
+    def __init__(self, topic: str, client_id: str):
+        self.topic, self.client_id = topic, client_id
+        self.name = roster_name(topic)
+
+    def add_worker(self, scheduler, worker: str) -> None:
+        scheduler.log_event(self.topic, {"joined": worker})
+
+    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        scheduler.log_event(self.topic, {"left": worker})
+
+    def remove_client(self, scheduler, client: str) -> None:
+        if client != self.client_id:
+            return
+        scheduler.remove_plugin(self.name)
+        if self.topic in scheduler.worker_plugins:
+            scheduler.loop.add_callback(scheduler.unregister_worker_plugin, None, self.topic)
+
+
+# -- called on the workers through client.run --------------------------------------
+
+def open_span(topic: str, token: str, dask_worker=None) -> bool:
+    """Open the exact span ``token`` of this worker (a notebook cell)."""
+    hub = _hubs.get(topic)
+    if hub is None or not hub.monitor.running:
+        return False
+    hub.spans[(token, dask_worker.address)] = hub.monitor.window()
+    return True
+
+
+def close_span(topic: str, token: str, dask_worker=None) -> dict | None:
+    """Close span ``token``: its ResourceSummary as a dict, with the host."""
+    hub = _hubs.get(topic)
+    span = hub.spans.pop((token, dask_worker.address), None) if hub else None
+    if span is None:
+        return None
+    return {"host": hub.host, "summary": span.close().to_dict()}
+
+
+def nbmon_threads(notebook_pid: int | None = None) -> list[str]:
+    """Names of the nbmon threads alive in this process; none are reported
+    for the notebook's own process (``LocalCluster(processes=False)``), whose
+    threads are the notebook's."""
+    if os.getpid() == notebook_pid:
+        return []
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("nbmon-"))

@@ -1,0 +1,126 @@
+"""What the browser tests and benchmarks/bench_browser.py watch in a page:
+every frame of the kernel websockets (time, direction, bytes, channel and
+message type, parsed in the page from Jupyter's v1 binary protocol or JSON)
+and when the dashboard's record and its chart with data first appeared.
+Installed with ``page.add_init_script`` before JupyterLab or Notebook 7
+load, so it sees the page's own clock for every event."""
+
+from __future__ import annotations
+
+import re
+
+INIT_SCRIPT = r"""(() => {
+  const frames = (window.__nbmonFrames = []);
+  const marks = (window.__nbmonMarks = {});
+  const decoder = new TextDecoder();
+  const json = (bytes) => { try { return JSON.parse(decoder.decode(bytes)); } catch { return {}; } };
+  function parse(data) {
+    if (typeof data === "string") {
+      const m = json(new TextEncoder().encode(data));
+      return { bytes: data.length, channel: m.channel, header: m.header || {}, parent: m.parent_header || {},
+               content: m.content || {} };
+    }
+    if (!(data instanceof ArrayBuffer)) return { bytes: data.size || 0, header: {}, parent: {}, content: {} };
+    const view = new DataView(data);
+    const n = Number(view.getBigUint64(0, true));
+    const at = [];
+    for (let i = 0; i < n; i++) at.push(Number(view.getBigUint64(8 * (i + 1), true)));
+    at.push(data.byteLength);
+    const part = (i) => new Uint8Array(data, at[i], at[i + 1] - at[i]);
+    const contentPart = part(4);
+    return { bytes: data.byteLength, channel: decoder.decode(part(0)), header: json(part(1)), parent: json(part(2)),
+             content: contentPart.length < 20000 ? json(contentPart) : {} };
+  }
+  function note(dir, data) {
+    const m = parse(data);
+    const c = m.content || {};
+    frames.push({ dir, t: performance.now(), bytes: m.bytes, channel: m.channel, type: m.header.msg_type,
+                  id: m.header.msg_id, parent: m.parent.msg_id, parentType: m.parent.msg_type,
+                  code: typeof c.code === "string" ? c.code.slice(0, 200) : undefined,
+                  state: c.execution_state, method: c.data && c.data.method,
+                  kind: c.data && c.data.content && c.data.content.type,
+                  keys: c.data && c.data.state && Object.keys(c.data.state) });
+  }
+  const Native = window.WebSocket;
+  window.WebSocket = class extends Native {
+    constructor(url, protocols) {
+      super(url, protocols);
+      if (String(url).includes("/channels")) this.addEventListener("message", (e) => note("recv", e.data));
+    }
+    send(data) {
+      if (String(this.url).includes("/channels")) note("send", data);
+      return super.send(data);
+    }
+  };
+  const seen = () => {
+    const now = performance.now();
+    if (marks.record === undefined && document.querySelector(".nbmon-live-record")) marks.record = now;
+    if (marks.chart === undefined) {
+      for (const plot of document.querySelectorAll(".nbmon-live-record .js-plotly-plot")) {
+        if (plot.data && plot.data.some((t) => t.y && t.y.length > 0)) marks.chart = now;
+      }
+    }
+    if (marks.chart !== undefined) observer.disconnect();
+  };
+  const observer = new MutationObserver(seen);
+  document.addEventListener("DOMContentLoaded", () => observer.observe(document.body, { childList: true, subtree: true }));
+})();"""
+
+
+def execute_time(frames, pattern: str) -> float:
+    """Page time at which the kernel began to run the cell matching
+    ``pattern`` (its execute_input: "Run All" sends every request at once)."""
+    sent = [f["id"] for f in frames if f["dir"] == "send" and f["type"] == "execute_request"
+            and re.search(pattern, f.get("code") or "")]
+    assert sent, f"no execute_request matching {pattern!r} was sent"
+    began = [f["t"] for f in frames if f["type"] == "execute_input" and f["parent"] == sent[-1]]
+    assert began, f"the kernel never began the cell matching {pattern!r}"
+    return began[0]
+
+
+def idle_figures(frames, t_from: float, t_to: float) -> dict:
+    """What crossed the kernel websockets between two page times (ms)."""
+    inside = [f for f in frames if t_from <= f["t"] < t_to]
+    sent = [f for f in inside if f["dir"] == "send"]
+    received = [f for f in inside if f["dir"] == "recv"]
+    seconds = (t_to - t_from) / 1000.0
+    return {
+        "seconds": seconds,
+        "browser_to_kernel": len(sent),
+        "browser_to_kernel_types": sorted({f["type"] or "?" for f in sent}),
+        "status": len([f for f in received if f["type"] == "status"]),
+        "kernel_to_browser_bytes_per_s": sum(f["bytes"] for f in received) / seconds,
+        "kernel_to_browser_messages": len(received),
+    }
+
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def kernel_pids(server_pid: int) -> list[int]:
+    """The ipykernel processes a Jupyter server started."""
+    import psutil
+
+    return [p.pid for p in psutil.Process(server_pid).children(recursive=True)
+            if "ipykernel" in " ".join(p.cmdline())]
+
+
+def browser_pids(driver_pid: int) -> list[int]:
+    """Chromium's processes under a Playwright driver."""
+    import psutil
+
+    return [p.pid for p in psutil.Process(driver_pid).children(recursive=True) if "chrom" in p.name().lower()]
+
+
+def cpu_seconds(pids) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total

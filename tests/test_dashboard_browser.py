@@ -1,0 +1,253 @@
+"""The live dashboard in a real JupyterLab and Notebook 7, driven by headless
+Chromium: it shows at once, streams one-way (no message back, no kernel
+status flicker, a few KiB/s), marks cells, follows the dark theme, and a
+notebook saved while it runs shows its figures after the kernel is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from browser_util import JupyterLab, wait_for
+from dashboard_page import CHROMIUM_ARGS, INIT_SCRIPT, execute_time, idle_figures
+
+CHROMIUM = os.environ.get("NBMON_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+IDLE_S = 30            # the issue's window: an open dashboard, nothing running
+FIRST_OUTPUT_S = 0.5   # %resmon to its first output in the page
+KIB_PER_S = 4.0        # kernel -> browser while idle, default settings
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+CELLS = ["%load_ext nbmon", "%resmon", "total = sum(range(3 * 10**6))", "%%resmon --label labelled\ntotal + 1"]
+# A cell that runs until the test has seen what it needs (a file appears),
+# not for a fixed time that a slow first page load could outlast.
+WAIT_FOR_TEST = ("import pathlib, time\nt0 = time.monotonic()\n"
+                 "while not pathlib.Path('go').exists() and time.monotonic() - t0 < 120:\n    time.sleep(0.05)")
+
+
+def write_notebook(path: Path, cells) -> None:
+    nbformat.write(new_notebook(metadata={"kernelspec": KERNELSPEC}, cells=[new_code_cell(c) for c in cells]), path)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"Chromium is not installed at {CHROMIUM}: the browser tests need a real browser")
+    base = tmp_path_factory.mktemp("jupyterlab")
+    root = base / "root"
+    root.mkdir()
+    for name in ("lab.ipynb", "nb7.ipynb"):
+        write_notebook(root / name, CELLS)
+    write_notebook(root / "stop.ipynb", ["%load_ext nbmon", "%resmon", WAIT_FOR_TEST, "%resmon stop"])
+    server = JupyterLab(base, root)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def browser(lab):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+class Page:
+    """A page of the server with the frame recorder installed, its console
+    errors kept, and a screenshot under tests/artifacts/ if the test fails."""
+
+    def __init__(self, browser, lab, name: str):
+        self.lab, self.name = lab, name
+        self.page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        self.page.add_init_script(INIT_SCRIPT)
+        self.errors: list[str] = []
+        self.page.on("pageerror", lambda err: self.errors.append(str(err)))
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+
+    def open(self, url: str) -> None:
+        self.page.goto(f"{self.lab.url}{url}?token={self.lab.token}", timeout=120_000)
+        if url.startswith("/lab"):  # its status bar names the kernel once the session is up
+            self.page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\(ipykernel\) \| Idle")).wait_for(
+                timeout=120_000)
+        else:  # Notebook 7's toolbar: a visually hidden status text
+            self.page.get_by_text("Kernel status: Idle").wait_for(state="attached", timeout=120_000)
+
+    def run_all(self) -> None:
+        self.page.get_by_role("menuitem", name="Run", exact=True).click()
+        self.page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+
+    def frames(self):
+        return self.page.evaluate("window.__nbmonFrames")
+
+    def marks(self):
+        return self.page.evaluate("window.__nbmonMarks")
+
+    def now(self) -> float:
+        return self.page.evaluate("performance.now()")
+
+    def chart(self):
+        """The live chart: what plotly drew, read from the page."""
+        return self.page.evaluate("""() => {
+            const plot = document.querySelector('.nbmon-live-record .js-plotly-plot');
+            if (!plot || !plot._fullLayout) return null;
+            return {points: plot.data.filter(t => t.meta !== 'cells').map(t => t.y ? t.y.length : 0),
+                    names: plot.data.map(t => t.name), title: plot._fullLayout.title.text,
+                    font: plot._fullLayout.font.color, width: plot._fullLayout.width,
+                    room: plot.closest('.nbmon-live-record').clientWidth,
+                    cells: (plot._fullLayout.shapes || []).filter(s => s.name === 'nbmon-cell')
+                             .map(s => s.label.text),
+                    hover: (plot.data.find(t => t.meta === 'cells') || {}).hovertext || [],
+                    xrange: plot._fullLayout.xaxis.range};
+        }""")
+
+    def shot(self, name: str) -> None:
+        self.page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+    def idle_for(self, seconds: float) -> dict:
+        t0 = self.now()
+        self.page.wait_for_timeout(seconds * 1000)  # Playwright delivers events only inside its calls
+        return idle_figures(self.frames(), t0, self.now())
+
+
+def wait_for_chart(page: Page, cells: int = 0, timeout: float = 90):
+    return wait_for(lambda: (c := page.chart()) and min(c["points"]) > 3 and len(c["cells"]) >= cells and c,
+                    timeout, f"the live chart with data and {cells} cell band(s)")
+
+
+def save(page: Page, lab, name: str) -> dict:
+    """Save through the front end and read the notebook back from disk."""
+    page.page.keyboard.press("Control+s")
+    path = lab.root / name
+    return wait_for(lambda: (nb := json.loads(path.read_text())) and any(
+        "nbmon-live-record" in json.dumps(c.get("outputs", [])) for c in nb["cells"]) and nb, 30,
+        f"{name} saved with the dashboard's record")
+
+
+def shut_down_kernels(lab) -> None:
+    for kernel in lab.api("/api/kernels") or []:
+        lab.api(f"/api/kernels/{kernel['id']}", method="DELETE", timeout=20.0)
+
+
+def assert_record_shows_figures(page: Page) -> None:
+    record = page.page.locator(".nbmon-live-record").first
+    record.wait_for(timeout=60_000)
+    page.page.wait_for_timeout(3000)  # give a widget error time to appear, if one would
+    text = page.page.locator("body").inner_text()
+    assert "Error displaying widget" not in text and "model not found" not in text
+    assert record.locator(".nbmon-summary").is_visible()
+    assert record.locator("svg.nbmon-timeline polyline").count() >= 1
+    assert re.search(r"Peak RSS.*\d (MiB|GiB)", record.inner_text(), re.S)
+
+
+def test_lab_dashboard_is_quick_one_way_and_survives_the_kernel(lab, browser):
+    page = Page(browser, lab, "lab")
+    try:
+        page.open("/lab/tree/lab.ipynb")
+        page.run_all()
+        chart = wait_for_chart(page, cells=2)
+        frames, marks = page.frames(), page.marks()
+        started = execute_time(frames, r"^%resmon$")
+        first_output = (marks["record"] - started) / 1000
+        assert first_output <= FIRST_OUTPUT_S, f"%resmon showed its first output after {first_output:.2f} s"
+        # the plotly bundle came once, on request, and never as widget state
+        assert len([f for f in frames if f["kind"] == "nbmon:bundle" and f["dir"] == "recv"]) == 1
+
+        # readable: the kernel's own traces, machine bands, cells labelled, full width
+        assert chart["names"][:2] == ["CPU, machine (100 = every CPU)", "CPU, process tree (100 = one core)"]
+        assert "[3]" in chart["cells"] and "[4]" in chart["cells"]
+        assert any("labelled" in h for h in chart["hover"]) and all(re.search(r"\d s$", h) for h in chart["hover"])
+        assert chart["width"] >= chart["room"] - 2 > 600  # responsive: as wide as the output area
+        assert re.fullmatch(r"CPU \d.* · RSS \d.* (MiB|GiB)", chart["title"]), chart["title"]
+        page.shot("dashboard-light.png")
+
+        # one-way and cheap while idle
+        idle = page.idle_for(IDLE_S)
+        assert idle["browser_to_kernel"] == 0, idle
+        assert idle["status"] == 0, idle
+        assert idle["kernel_to_browser_bytes_per_s"] <= KIB_PER_S * 1024, idle
+        later = page.chart()
+        assert min(later["points"]) > min(chart["points"]), "the chart stopped growing"
+
+        # saved while running, kernel gone, reopened: figures, not a widget error
+        save(page, lab, "lab.ipynb")
+        shut_down_kernels(lab)
+        page.page.reload()
+        assert_record_shows_figures(page)
+        page.shot("dashboard-reopened-lab.png")
+    except BaseException:
+        page.shot("dashboard-lab-failure.png")
+        print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
+        raise
+    finally:
+        page.page.close()
+        shut_down_kernels(lab)
+
+
+def test_dark_theme_and_a_clean_stop(lab, browser):
+    page = Page(browser, lab, "stop")
+    theme = lab.base / "settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
+    theme.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        theme.write_text(json.dumps({"theme": "JupyterLab Dark"}))  # the user's setting, read at page load
+        page.open("/lab/tree/stop.ipynb")
+        page.page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+        page.run_all()
+        wait_for_chart(page)
+        # dark: the chart's text follows the theme, the record's too
+        assert sum(map(int, re.findall(r"\d+", page.chart()["font"])[:3])) > 3 * 128, page.chart()["font"]
+        page.shot("dashboard-dark.png")
+        (lab.root / "go").touch()
+        # %resmon stop ran: the chart is gone, the final record shows, and no page error
+        record = page.page.locator(".nbmon-live-record").first
+        wait_for(lambda: "stopped" in record.inner_text(), 90, "the final record of the stopped dashboard")
+        wait_for(lambda: page.page.locator(".jp-Cell").nth(3).locator(".nbmon-summary").count() == 1, 30,
+                 "the run's summary under %resmon stop")
+        assert page.page.locator(".js-plotly-plot").count() == 0
+        page.page.wait_for_timeout(1000)
+        assert not page.errors, page.errors
+        # dark: light text on the dark page
+        color = page.page.evaluate("""() => getComputedStyle(
+            document.querySelector('.nbmon-summary th')).color""")
+        assert sum(map(int, re.findall(r"\d+", color)[:3])) > 3 * 128, color
+        page.shot("dashboard-dark-stopped.png")
+    except BaseException:
+        page.shot("dashboard-dark-failure.png")
+        print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
+        raise
+    finally:
+        theme.unlink(missing_ok=True)
+        page.page.close()
+        shut_down_kernels(lab)
+
+
+def test_notebook7_dashboard_survives_the_kernel(lab, browser):
+    page = Page(browser, lab, "nb7")
+    try:
+        page.open("/notebooks/nb7.ipynb")
+        page.run_all()
+        wait_for_chart(page, cells=1)
+        save(page, lab, "nb7.ipynb")
+        shut_down_kernels(lab)
+        page.page.reload()
+        assert_record_shows_figures(page)
+        page.shot("dashboard-reopened-nb7.png")
+    except BaseException:
+        page.shot("dashboard-nb7-failure.png")
+        print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
+        raise
+    finally:
+        page.page.close()
+        shut_down_kernels(lab)

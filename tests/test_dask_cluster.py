@@ -1,0 +1,404 @@
+"""nbmon.dask on real Dask clusters (LocalCluster / SpecCluster with worker
+processes on this machine): what each worker reports, checked against what
+the tasks measured of themselves (/proc/<pid>/status, thread CPU time)."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+import nbmon
+import nbmon.dask
+from helpers import wait_until
+from nbmon.dask.client import Watch
+from nbmon.dask.wire import Encoder
+from nbmon.dask.worker import roster_name
+from nbmon.notebook.cluster import BANDS, COMPACT_AT, ClusterView
+from nbmon.notebook.frames import MAX_FRAME_BYTES
+from nbmon.options import Options
+
+MIB = 1 << 20
+
+
+def vm_kb(field: str, pid="self") -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return float(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+# -- tasks (run on the workers) -----------------------------------------------------
+
+def allocate(mib: int) -> dict:
+    """Touch ``mib`` MiB and free them; the process's own account of it."""
+    t0 = time.time()
+    before = vm_kb("VmRSS") / 1024
+    block = b"\x01" * (mib * MIB)
+    during = vm_kb("VmRSS") / 1024
+    del block
+    return {"t0": t0, "t1": time.time(), "grew_mb": during - before}
+
+
+def burn(seconds: float) -> dict:
+    t0, c0 = time.time(), time.thread_time()
+    while time.thread_time() - c0 < seconds:
+        pass
+    return {"t0": t0, "t1": time.time(), "cpu_s": time.thread_time() - c0}
+
+
+def child_holding(mib: int, seconds: float) -> dict:
+    """Start a child that holds ``mib`` MiB for ``seconds``; its own RSS while it holds them."""
+    code = f"import sys, time\nb = b'1' * ({mib} * {MIB})\nprint('ready', flush=True)\ntime.sleep({seconds})"
+    t0 = time.time()
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    rss_mb = vm_kb("VmRSS", child.pid) / 1024
+    child.wait(60)
+    return {"t0": t0, "t1": time.time(), "child_rss_mb": rss_mb}
+
+
+def fork_sleeper() -> int:
+    """A forked child that outlives its worker (a task's own fork, say)."""
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    return pid
+
+
+def nbmon_thread_names() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("nbmon-")]
+
+
+# -- fixtures ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
+            Client(lc, set_as_default=False) as client:
+        yield client
+
+
+@pytest.fixture
+def watched(cluster):
+    watch = nbmon.dask.watch(cluster)
+    try:
+        assert watch.ready(10), "the workers' first batches did not arrive"
+        yield watch
+    finally:
+        for view in watch.views:
+            view.close()
+        nbmon.dask.unwatch()
+
+
+def rows(feed, columns, after: float = -math.inf):
+    t, wall, values = feed.store.series(columns)
+    keep = wall >= after
+    return {c: v[keep] for c, v in values.items()}
+
+
+def settle(watch, wall: float) -> None:
+    """Wait for every live worker's batches up to ``wall`` plus the exact
+    peak's cadence (the high-water mark is read every second)."""
+    wait_until(lambda: all(f.store.latest()["wall"] >= wall + 1.2 for f in watch.collector.workers()
+                           if f.state == "live"), timeout=20, what="batches after the task")
+
+
+def baseline(feed, column: str, before: float) -> float:
+    t, wall, values = feed.store.series([column])
+    return float(np.nanmax(values[column][wall < before]))
+
+
+# -- what each worker reports ------------------------------------------------------------
+
+def test_pinned_allocation_shows_on_that_worker_only(cluster, watched):
+    a, b = watched.registered
+    feeds = watched.collector.feeds
+    done = cluster.submit(allocate, 300, workers=[a], pure=False).result()
+    settle(watched, done["t1"])
+    assert done["grew_mb"] > 290
+    grown_a = np.nanmax(rows(feeds[a], ["max_proc_rss_peak_mb"], done["t0"])["max_proc_rss_peak_mb"]) \
+        - baseline(feeds[a], "max_proc_rss_mb", done["t0"])
+    grown_b = np.nanmax(rows(feeds[b], ["max_proc_rss_peak_mb"], done["t0"])["max_proc_rss_peak_mb"]) \
+        - baseline(feeds[b], "max_proc_rss_mb", done["t0"])
+    # The allocation lasted a fraction of a second: only the exact peak (the
+    # kernel's high-water mark, read on the worker) is sure to have it.
+    assert grown_a >= 0.95 * done["grew_mb"], (grown_a, done)
+    assert grown_b < 50, grown_b
+    assert feeds[a].about["peak_exact"] is True
+    assert feeds[a].host == feeds[b].host == os.uname().nodename
+
+
+def test_a_tasks_subprocess_is_counted_in_its_workers_tree(cluster, watched):
+    a, b = watched.registered
+    feeds = watched.collector.feeds
+    done = cluster.submit(child_holding, 200, 2.0, workers=[a], pure=False).result()
+    settle(watched, done["t1"])
+    during = rows(feeds[a], ["max_proc_count", "max_proc_rss_mb"], done["t0"])
+    assert np.nanmax(during["max_proc_count"]) >= 2
+    grown = np.nanmax(during["max_proc_rss_mb"]) - baseline(feeds[a], "max_proc_rss_mb", done["t0"])
+    assert grown >= 0.9 * done["child_rss_mb"] > 190, (grown, done)
+    assert np.nanmax(rows(feeds[b], ["max_proc_count"], done["t0"])["max_proc_count"]) == 1
+
+
+def test_the_machine_is_sampled_by_one_worker_per_host(watched):
+    feeds = watched.collector.workers()
+    reporters = [f for f in feeds if f.about["machine"]]
+    assert len(reporters) == 1
+    with open("/proc/meminfo") as f:
+        total_mb = float(f.readline().split()[1]) / 1024
+    (reporter,) = reporters
+    (other,) = [f for f in feeds if f is not reporter]
+    assert rows(reporter, ["sys_mem_total_mb"])["sys_mem_total_mb"][-1] == pytest.approx(total_mb)
+    assert np.isnan(rows(other, ["sys_mem_total_mb"])["sys_mem_total_mb"]).all()
+
+
+def test_unwatch_leaves_no_nbmon_thread_on_any_worker(cluster):
+    watch = nbmon.dask.watch(cluster)
+    assert watch.ready(10)
+    running = cluster.run(nbmon_thread_names)
+    assert all(set(names) >= {"nbmon-sampler", "nbmon-consumers"} for names in running.values()), running
+    assert nbmon.dask.unwatch() == {}
+    assert cluster.run(nbmon_thread_names) == {w: [] for w in running}
+    assert nbmon.dask.watching() is None
+    plugins = cluster.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.worker_plugins))
+    assert watch.topic not in plugins
+
+
+def test_a_notebook_that_goes_away_leaves_nothing_running(cluster):
+    notebook = Client(cluster.scheduler.address, set_as_default=False)
+    watch = Watch(notebook, Options()).start()
+    assert watch.ready(10)
+    assert all(cluster.run(nbmon_thread_names).values())
+    notebook.close()   # no unwatch: as when the kernel is killed
+    wait_until(lambda: not any(cluster.run(nbmon_thread_names).values()), timeout=20,
+               what="the workers to stop sampling")
+    worker_plugins, plugins = cluster.run_on_scheduler(
+        lambda dask_scheduler: (list(dask_scheduler.worker_plugins), list(dask_scheduler.plugins)))
+    assert watch.topic not in worker_plugins and roster_name(watch.topic) not in plugins
+
+
+def test_magics_summarise_the_cell_on_each_worker_and_stop_everywhere(ip, cluster):
+    a, b = sorted(cluster.scheduler_info()["workers"])
+    ip.user_ns["rm_client"] = cluster
+    ip.user_ns["rm_workers"] = (a, b)
+    with capture_output():
+        ip.run_line_magic("resmon", "--dask rm_client")
+    watch = nbmon.dask.watching()
+    assert watch is not None and len(ip.magics_manager.registry["ResmonMagics"].cluster_views) == 1
+    code = ("rm_done = rm_client.submit(__import__('test_dask_cluster').burn, 1.0, workers=[rm_workers[0]],"
+            " pure=False).result()\n"
+            "rm_big = rm_client.submit(__import__('test_dask_cluster').allocate, 300, workers=[rm_workers[0]],"
+            " pure=False).result()\n")
+    cells_before = len(nbmon.history(workers=True))
+    with capture_output() as out:
+        ip.run_cell_magic("resmon", "--label pinned", code)
+    assert any("nbmon-workers" in o.data.get("text/html", "") for o in out.outputs)
+    frame = nbmon.history(workers=True).iloc[cells_before:]
+    assert sorted(frame["worker"]) == [a, b]
+    assert set(frame["label"]) == {"pinned"} and set(frame["status"]) == {"ok"}
+    assert set(frame["host"]) == {os.uname().nodename}
+    on_a, on_b = frame.set_index("worker").loc[a], frame.set_index("worker").loc[b]
+    burned, big = ip.user_ns["rm_done"], ip.user_ns["rm_big"]
+    assert on_a["cpu_time_sec"] >= 0.9 * burned["cpu_s"], (on_a["cpu_time_sec"], burned)
+    assert on_b["cpu_time_sec"] < 0.5 * burned["cpu_s"], on_b["cpu_time_sec"]
+    assert on_a["peak_rss_mb"] - on_b["peak_rss_mb"] >= 0.9 * big["grew_mb"], (on_a["peak_rss_mb"], big)
+    assert bool(on_a["peak_rss_exact"]) is True
+    kernel = nbmon.history()
+    assert kernel.iloc[-1]["label"] == "pinned" and len(kernel[kernel["label"] == "pinned"]) == 1
+    samples = nbmon.samples(workers=True)
+    assert {"worker", "host", "elapsed_s", "proc_cpu_percent", "max_proc_rss_mb"} <= set(samples.columns)
+    assert set(samples["worker"]) == {a, b}
+    # The batch with the cell's end (and its exact peak) is on its way: at most a period.
+    wait_until(lambda: nbmon.samples(workers=True).groupby("worker")["max_proc_rss_peak_mb"].max()[a]
+               > on_b["peak_rss_mb"] + 0.9 * big["grew_mb"], timeout=10, what="the batch with the peak")
+    with capture_output():
+        ip.run_line_magic("resmon", "stop")
+    assert nbmon.dask.watching() is None
+    assert cluster.run(nbmon_thread_names) == {a: [], b: []}
+    assert ip.magics_manager.registry["ResmonMagics"].cluster_views == []
+
+
+def test_bad_input_is_one_sentence_and_changes_nothing(ip, cluster):
+    with pytest.raises(ValueError, match=r"needs a distributed.Client, got 'tcp://x'"):
+        nbmon.dask.watch("tcp://x")
+    with pytest.raises(ValueError, match=r"every_s must be .* got 0.5"):
+        nbmon.dask.watch(cluster, every_s=0.5)
+    with pytest.raises(ValueError, match=r"interval must be a positive number of seconds, got -1"):
+        nbmon.dask.watch(cluster, interval=-1)
+    ip.user_ns["rm_three"] = 3
+    for line, message in (("--dask rm_nope", "no variable 'rm_nope' in the notebook"),
+                          ("--dask rm_three", "'rm_three' is a int, not a distributed.Client"),
+                          ("stop --dask rm_three", "--dask only applies to %resmon start, not 'stop'")):
+        with pytest.raises(UsageError, match=message):
+            ip.run_line_magic("resmon", line)
+    assert nbmon.dask.watching() is None
+    assert cluster.run(nbmon_thread_names) == {w: [] for w in cluster.scheduler_info()["workers"]}
+
+
+# -- workers that leave and join ------------------------------------------------------
+
+def test_a_killed_worker_is_marked_gone_and_new_workers_appear(tmp_path):
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
+            Client(lc, set_as_default=False) as client:
+        watch = nbmon.dask.watch(client)
+        view = orphan = None
+        try:
+            assert watch.ready(10)
+            view = ClusterView(watch, start=False)
+            assert view.refresh()
+            reporter = next(f for f in watch.collector.workers() if f.about["machine"])
+            survivor = next(f for f in watch.collector.workers() if f is not reporter)
+            pid = client.run(os.getpid, workers=[reporter.address])[reporter.address]
+            orphan = client.submit(fork_sleeper, workers=[reporter.address], pure=False).result()
+            record = {"execution_count": 7, "label": "kill", "start_time": time.time(), "status": "ok"}
+            with nbmon.dask.cell(record):   # a cell during which the worker dies
+                os.kill(pid, signal.SIGKILL)
+                wait_until(lambda: reporter.state == "gone", timeout=20, what="the scheduler to see the worker go")
+                time.sleep(0.5)   # the survivor's span: several samples at 10 Hz
+            spans = {r["worker"]: r for r in record["workers"]}
+            assert spans[reporter.address]["status"] == "no answer"
+            assert spans[reporter.address]["summary"].num_samples == 0
+            assert spans[survivor.address]["status"] == "ok" and spans[survivor.address]["summary"].num_samples > 5
+            assert view.refresh(force=True) and view.errors == 0
+            gone = [t for t in view.widget.data if t.name == f"{reporter.name} (left)"]
+            assert len(gone) == len(view.rows)
+            marker = view._gone[0]
+            assert list(marker.text) == [reporter.name] and marker.x[0] == reporter.store.latest()["t"]
+            # The host is still sampled: another worker (the survivor, or the killed
+            # one's replacement, whichever takes the lock first) takes the machine over.
+            # (Its forked child, alive, must not keep the host's lock.)
+            wait_until(lambda: [f for f in watch.collector.workers() if f.state == "live" and f.about.get("machine")],
+                       timeout=15, what="the machine to be taken over")
+            os.kill(orphan, 0)   # still alive (raises if not)
+            # The nanny restarts the killed worker (a new address), and one more is added.
+            lc.scale(3)
+            wait_until(lambda: len([f for f in watch.collector.workers()
+                                    if f.state == "live" and f.store is not None]) == 3,
+                       timeout=60, what="the restarted and the added workers' first batches")
+            assert view.refresh() and view.errors == 0
+            live = [f for f in watch.collector.workers() if f.state == "live"]
+            for feed in live:
+                traces = view._worker_traces[feed.address]
+                assert len(traces[0].x) >= 1, feed.address
+            assert "3 workers · 1 left" in view.widget.layout.title.text
+            assert sum(f.about["machine"] for f in live) == 1
+        finally:
+            if orphan is not None:
+                os.kill(orphan, signal.SIGKILL)
+            if view is not None:
+                view.close()
+            assert nbmon.dask.unwatch() == {}
+
+
+# -- the view at any size ----------------------------------------------------------
+
+def synthetic_batches(watch, workers: int, seconds: int, every_s: float = 1.0) -> None:
+    """Feed ``watch`` the batches ``workers`` workers would send over ``seconds``
+    (real wire format, from rows of the tree's columns)."""
+    columns = nbmon.catalog.names(nbmon.catalog.TREE)
+    encoder = Encoder(columns)
+    rng = np.random.default_rng(1)
+    start = watch.collector.t0
+    for k in range(workers):
+        header = encoder.header({"host": f"host{k // 8}", "name": f"w{k}", "pid": 1000 + k, "limit_mb": 200.0,
+                                 "spill": 0.7, "pause": 0.8, "machine": False, "peak_exact": True, "gpu": "off"})
+        for s in range(seconds):
+            wall = start + s * every_s + np.linspace(0.1, every_s, 10)
+            samples = rng.random((len(columns), 10)) * 100 + k
+            msg = dict(encoder.encode(wall, samples), w=f"tcp://10.0.{k // 8}.{k % 8}:4000")
+            if s == 0:
+                msg["h"] = header
+            watch.collector.handle(msg, arrived=wall[-1])
+
+
+def test_frames_stay_within_64_kib_and_large_clusters_are_compact():
+    watch = Watch(None, Options())
+    synthetic_batches(watch, 12, 60)
+    small = ClusterView(watch, window_s=600, start=False)
+    views = [small]
+    try:
+        assert small.refresh() and not small.compact and len(small._worker_traces) == 12
+        assert 0 < small.last_frame_bytes <= MAX_FRAME_BYTES
+        # RSS (up to ~100 MiB here) is past half of each threshold: they are drawn
+        assert {shape.label.text for shape in small.widget.layout.shapes} == {
+            "memory limit 200 MiB", "spill 70.0 % 140 MiB", "pause 80.0 % 160 MiB"}
+        synthetic_batches(watch, COMPACT_AT + 36, 60)   # the 12 again, and 88 more
+        views.append(ClusterView(watch, window_s=600, start=False))   # made compact
+        assert small.refresh() and small.compact      # turned compact
+        for view in views:
+            assert view.refresh(force=True) and view.compact and not view._worker_traces
+            assert "compact view (100 workers" in view.widget.layout.legend.title.text
+            assert len(view.widget.data) == len(BANDS) * len(view.rows) + len(view.rows) + 1   # + totals, hosts
+            assert 0 < view.last_frame_bytes <= MAX_FRAME_BYTES
+        watch.collector.handle({"left": "tcp://10.0.0.1:4000"})
+        for view in views:
+            assert view.refresh() and view.errors == 0
+            assert "99 workers · 1 left" in view.widget.layout.title.text
+        # the memory column's total: every worker's batch peak (the most of 10 uniform draws), summed
+        assert np.nanmax(small._totals[1].y) == pytest.approx(sum(100 * 10 / 11 + k for k in range(100)), rel=0.05)
+    finally:
+        for view in views:
+            view.close()
+
+
+def test_refreshes_at_most_four_times_a_second_while_batches_pour_in():
+    watch = Watch(None, Options())
+    synthetic_batches(watch, 4, 5)
+    with pytest.raises(ValueError, match="refresh_hz must be at most 4, got 10"):
+        ClusterView(watch, refresh_hz=10)
+    watch.running = True   # the refresher keeps going while the watch runs
+    view = ClusterView(watch)
+    try:
+        t_end = time.monotonic() + 1.5
+        while time.monotonic() < t_end:
+            synthetic_batches(watch, 1, 1)
+            time.sleep(0.01)
+        refreshes = view.refreshes
+        assert 3 <= refreshes <= 4 * 1.5 + 1, refreshes
+    finally:
+        watch.running = False
+        view.close()
+
+
+# -- GPUs: each worker its own ---------------------------------------------------------
+
+def test_each_worker_reports_only_the_gpu_it_may_use(fake_gpu, fake_nvml_lib):
+    devices = [{"util_gpu": 11, "mem_total": 16 << 30, "mem_used": 1 << 30, "uuid": "GPU-aaaa0000-0000"},
+               {"util_gpu": 77, "mem_total": 16 << 30, "mem_used": 5 << 30, "uuid": "GPU-bbbb1111-1111"}]
+    fake_gpu.set(devices=devices)
+    env = {"NBMON_NVML_LIBRARY": fake_nvml_lib, **fake_gpu.env}
+    workers = {name: {"cls": Nanny, "options": {"nthreads": 1, "env": {**env, "CUDA_VISIBLE_DEVICES": visible}}}
+               for name, visible in (("by-index", "0"), ("by-uuid", "GPU-bbbb1111"))}
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": None}}
+    with SpecCluster(workers=workers, scheduler=scheduler) as sc, Client(sc, set_as_default=False) as client:
+        watch = nbmon.dask.watch(client, system=False)
+        try:
+            assert watch.ready(15)
+            by_name = {f.name: f for f in watch.collector.workers()}
+            first, second = by_name["by-index"], by_name["by-uuid"]
+            assert [c for c in first.decoder.columns if c.startswith("gpu0_")] and \
+                not [c for c in first.decoder.columns if c.startswith("gpu1_")]
+            assert [c for c in second.decoder.columns if c.startswith("gpu1_")] and \
+                not [c for c in second.decoder.columns if c.startswith("gpu0_")]
+            assert rows(first, ["gpu_util_percent"])["gpu_util_percent"][-1] == 11
+            assert rows(second, ["max_gpu1_mem_used_mb"])["max_gpu1_mem_used_mb"][-1] == 5 * 1024
+            view = ClusterView(watch, start=False)
+            assert [row.key for row in view.rows] == ["cpu", "memory", "gpu_util", "gpu_memory"]
+            assert view.refresh()
+            gpu_memory = view._totals[3].y   # each device once: 1 + 5 GiB
+            assert np.nanmax(gpu_memory) == 6 * 1024
+            view.close()
+        finally:
+            assert nbmon.dask.unwatch() == {}
