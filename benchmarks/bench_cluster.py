@@ -119,6 +119,10 @@ def make_plugin(transport: str, topic: str, options_json: str):
                 worker.metrics["nbmon"] = take_batches
             super().setup(worker)
 
+        def teardown(self, worker) -> None:
+            super().teardown(worker)
+            worker.metrics.pop("nbmon", None)   # or the next transport's batches would go with heartbeats
+
     return Buffered(topic, options_json, 1.0, send=buffer_batch)
 
 
@@ -275,6 +279,17 @@ def report(results, seconds, sizes, loads) -> str:
         per_worker = statistics.fmean(r["bytes_per_worker_s"] for r in mine)
         projection.append(f"| {transport} | {s_b * 1000:.3f} | {s_a + s_b * 1000:.1f} | {n_a + n_b * 1000:.1f} | "
                           f"{per_worker * 1000 / 1024:.0f} KiB/s |")
+    largest = max(r["workers"] for r in results)
+    at = {r["transport"]: r for r in results if r["workers"] == largest}
+    compared = "; ".join(f"`{t}` {r['bytes_per_worker_s']:.0f} B/s per worker, scheduler {r['scheduler_cpu']:.2f} %, "
+                         f"notebook {r['notebook_cpu']:.2f} %, latency p50 {r['latency_p50_ms']:.0f} ms"
+                         for t, r in at.items())
+    events = at.get("events")
+    targets = "" if events is None else (
+        f"Targets at {largest} workers, for `events`: wire {events['bytes_per_worker_s']:.0f} B/s per worker "
+        f"(target ≤ 2048: {'met' if events['bytes_per_worker_s'] <= 2048 else 'missed'}), scheduler "
+        f"{events['scheduler_cpu']:.2f} % of a core (target ≤ 1 %: {'met' if events['scheduler_cpu'] <= 1 else 'missed'}), "
+        f"view refresh {events['refresh_ms']:.1f} ms (target ≤ 50 ms: {'met' if events['refresh_ms'] <= 50 else 'missed'}).\n")
     return (
         "# Watching a Dask cluster: what it costs\n\n"
         f"`python benchmarks/bench_cluster.py --seconds {seconds:g} --sizes {','.join(map(str, sizes))}`, "
@@ -287,8 +302,9 @@ def report(results, seconds, sizes, loads) -> str:
         "Latency: from a batch's newest sample to its arrival in the notebook's store; the view adds at most "
         "one refresh period (0.25 s) and its refresh time.\n\n" + head + rows +
         "\n## Projected at 1,000 workers (least-squares line through the sizes measured)\n\n"
-        "| transport | scheduler CPU % per extra worker × 1000 | scheduler CPU % | notebook CPU % | wire |\n"
-        "|---|---|---|---|---|\n" + "\n".join(projection) + "\n")
+        "| transport | scheduler CPU % added per 1,000 workers (slope) | scheduler CPU % | notebook CPU % | wire |\n"
+        "|---|---|---|---|---|\n" + "\n".join(projection) + "\n"
+        f"\n## Measured at {largest} workers\n\n{compared}.\n\n{targets}")
 
 
 def main() -> None:

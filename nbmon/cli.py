@@ -5,6 +5,12 @@ summary to stderr when it ends and exits with the command's exit code
 (128 + N when a signal N killed it, 127 when it cannot be found, like a
 shell). Bad arguments and unwritable outputs are reported in one line with
 exit code 2 before the command starts.
+
+nbmon makes itself the subreaper of what it runs (PR_SET_CHILD_SUBREAPER),
+so a process the command orphans (a daemon, ``nohup ... &``) is handed to
+nbmon instead of init and stays in the tree. When the command exits while
+such processes still run, the run ends there and the summary says which
+are left; ``--wait-descendants`` monitors until the last one ends.
 """
 from __future__ import annotations
 
@@ -12,7 +18,9 @@ import argparse
 import dataclasses
 import errno
 import json
+import math
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -27,6 +35,7 @@ from .senders import CSVSender, JSONLinesSender
 from .summary import ResourceSummary
 
 VERBS = ("run", "demo", "report")
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 # Files written while the command runs: --flag -> the sender streaming every sample there.
 STREAMS = {
     "csv": (CSVSender, "stream every sample to this CSV file as it is taken"),
@@ -80,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-gpu", action="store_true", help="do not read NVIDIA GPUs")
     run.add_argument("--no-children", action="store_true", help="only the command's own process")
     run.add_argument("--quiet", action="store_true", help="do not print the summary")
+    run.add_argument("--wait-descendants", action="store_true",
+                     help="when the command exits, go on until every process it started has ended")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
     # -- the ranks of a distributed job (nbmon/ranks.py) --
     run.add_argument("--rank-dir", metavar="DIR", help="write this rank's samples to DIR/rank-<N>.jsonl, N "
@@ -131,7 +142,8 @@ def _open_sender(cls, path: str | None, force: bool):
 
 
 def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None, *,
-        force: bool = False, quiet: bool = False, tags: dict | None = None) -> int:
+        force: bool = False, quiet: bool = False, tags: dict | None = None,
+        wait_descendants: bool = False) -> int:
     """Run ``argv`` under a monitor; ``outputs`` maps names of STREAMS and
     REPORTS to paths; ``tags`` are added to every streamed sample (a rank's).
     Returns the exit code nbmon exits with."""
@@ -153,6 +165,10 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
         return 126
     streams = {name: path for name, path in outputs.items() if name in STREAMS}
     created = [p for p in streams.values() if not os.path.exists(p)]
+    adopted = _become_subreaper()
+    # A child's ru_maxrss starts at its parent's peak (the image it forked
+    # from, counted again at exec): only above ours is it the command's own.
+    own_peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     senders = []
     try:
         for name, path in streams.items():
@@ -169,29 +185,26 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
         print(f"nbmon: cannot run {argv[0]}: {err.strerror}", file=sys.stderr)
         return 126
     every_s = min(1.0, max(options.interval, 0.2))
-    monitor = Monitor(child.pid, options)
+    monitor = Monitor(child.pid, dataclasses.replace(options, adopt=options.children and adopted))
     for sender in senders:
         monitor.attach(ranks.Tagged(sender, tags) if tags else sender, every_s)
     # Like a shell waiting for its job: Ctrl-C goes to the command (same
     # process group), nbmon stays to report; SIGTERM is passed on.
     old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
     old_term = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
-    started = time.monotonic()
     try:
         monitor.start()
-        # wait4, not wait: the kernel's own account of the command (its peak
-        # RSS and CPU) covers even a command shorter than one interval.
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = code = os.waitstatus_to_exitcode(status)
+        waited_all = wait_descendants and adopted
+        exit_ = _wait(child, waited_all)
+        code = exit_.code
+        left = [] if waited_all else [pid for pid in monitor.sources.tree.pids if pid != child.pid]
     finally:
         with warnings.catch_warnings():  # faults are listed below, once
             warnings.simplefilter("ignore", RuntimeWarning)
             monitor.stop(timeout=max(1.0, options.interval + 0.1))
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
-    summary = monitor.summary()
-    if options.children:  # the kernel's account includes the command's reaped descendants
-        summary = _with_exit_usage(summary, usage, time.monotonic() - started)
+    summary = _with_exit_usage(monitor.summary(), exit_, monitor.store.t_start, options.children, own_peak_kb)
     for name, path in outputs.items():
         if name not in REPORTS:
             continue
@@ -203,23 +216,75 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
     if not quiet:
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
         print(f"\nnbmon: {' '.join(argv)} {how}\n{summary}", file=sys.stderr)
+    if left:  # said even with --quiet: the figures stop short of them
+        print(f"nbmon: {len(left)} process(es) the command started still run (pid {', '.join(map(str, left))}); "
+              f"the figures end when the command did (--wait-descendants to follow them to the end)",
+              file=sys.stderr)
     for fault in monitor.faults.values():  # errors (an output that failed) even with --quiet
         print(f"nbmon: {fault.source} failed {fault.count} time(s): {fault.first_error}", file=sys.stderr)
     return 128 - code if code < 0 else code
 
 
-def _with_exit_usage(summary: ResourceSummary, usage, wall_s: float) -> ResourceSummary:
-    """Fold in what the kernel reported when the command was reaped: the
-    largest peak RSS of a single process of it (ru_maxrss, KiB on Linux), and,
-    when no sample was taken at all, its duration and CPU time."""
-    peak_mb = usage.ru_maxrss / 1024.0
-    if peak_mb > summary.peak_rss_mb:
-        summary = dataclasses.replace(summary, peak_rss_mb=peak_mb, peak_rss_exact=True)
-    if summary.num_samples == 0 and wall_s > 0:
-        cpu_s = usage.ru_utime + usage.ru_stime
-        summary = dataclasses.replace(summary, duration_sec=wall_s, cpu_time_sec=cpu_s,
-                                      mean_cpu_percent=cpu_s / wall_s * 100.0)
-    return summary
+def _become_subreaper() -> bool:
+    """Make this process the reaper of the command's orphans (Linux 3.4+)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False
+
+
+class _Exit:
+    """How the command ended, as the kernel accounted for it when it was reaped."""
+
+    def __init__(self):
+        self.code = 0
+        self.t = math.nan         # monotonic time the command (or the last descendant) ended
+        self.cpu_s = 0.0          # CPU of every process reaped: the command's whole waited tree
+        self.peak_kb = 0          # the largest single process's peak RSS (ru_maxrss)
+
+
+def _wait(child: subprocess.Popen, descendants: bool) -> _Exit:
+    """Reap the command, and the orphans handed to us meanwhile (wait4: the
+    kernel's own account of each, covering even a command shorter than one
+    interval); with ``descendants``, until none is left."""
+    exit_ = _Exit()
+    while True:
+        try:
+            pid, status, usage = os.wait4(-1, 0)
+        except ChildProcessError:  # nothing left to wait for
+            break
+        exit_.cpu_s += usage.ru_utime + usage.ru_stime
+        exit_.peak_kb = max(exit_.peak_kb, usage.ru_maxrss)
+        exit_.t = time.monotonic()
+        if pid == child.pid:
+            child.returncode = exit_.code = os.waitstatus_to_exitcode(status)
+            if not descendants:
+                break
+    return exit_
+
+
+def _with_exit_usage(summary: ResourceSummary, exit_: _Exit, t_start: float, children: bool,
+                     own_peak_kb: int) -> ResourceSummary:
+    """The summary up to the command's very end: its duration to the exit
+    (the last sample may be up to an interval before it), its CPU time from
+    the kernel's accounts when they hold more than the samples saw (they
+    cover what ran after the last sample), and no peak below the largest
+    single process's (ru_maxrss, when it is above ``own_peak_kb``)."""
+    duration = max(summary.duration_sec, exit_.t - t_start)
+    cpu_s = summary.cpu_time_sec or 0.0
+    if children:  # the accounts include reaped descendants, which children=False leaves out
+        cpu_s = max(cpu_s, exit_.cpu_s)
+    changes = {"duration_sec": duration, "cpu_time_sec": cpu_s,
+               "mean_cpu_percent": cpu_s / duration * 100.0 if duration > 0 else summary.mean_cpu_percent}
+    peak_mb = exit_.peak_kb / 1024.0
+    if exit_.peak_kb > own_peak_kb and peak_mb > summary.peak_rss_mb:
+        changes["peak_rss_mb"] = peak_mb
+    elif summary.peak_rss_mb == 0.0:  # gone before its first reading: no process runs in 0 bytes
+        changes["peak_rss_exact"] = False
+    return dataclasses.replace(summary, **changes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             tags = ranks.run_tags(ns.rank_dir, ns.rank, outputs)
         except ValueError as err:
             raise UsageError(str(err)) from None
-        return run(command, options, outputs, force=ns.force, quiet=ns.quiet, tags=tags)
+        return run(command, options, outputs, force=ns.force, quiet=ns.quiet, tags=tags,
+                   wait_descendants=ns.wait_descendants)
     except UsageError as err:
         print(f"nbmon: error: {err}", file=sys.stderr)
         return 2

@@ -39,6 +39,7 @@ import numpy as np
 from .faults import FaultLog
 from .options import Options
 from .sampler import STOP_GRACE_S, Sampler
+from .sources.proctree import EXCLUDED
 
 _FRAME = struct.Struct("<cI")
 START_TIMEOUT_S = 5.0
@@ -59,6 +60,7 @@ def helper_main(argv: list[str]) -> int:
     from .sources import Sources
 
     pid, parent, options = int(argv[0]), int(argv[1]), Options.from_json(argv[2])
+    EXCLUDED.add(os.getpid())  # a child of the kernel it watches, never part of its tree
     if os.getppid() != parent:  # the parent died while we started
         return 0
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the kernel
@@ -74,7 +76,7 @@ def helper_main(argv: list[str]) -> int:
         with lock:
             records.append(np.concatenate(([tag[0], t, wall], row)))
 
-    sampler = Sampler(sources.all, sink, options.interval, until=lambda: not tree.root_alive)
+    sampler = Sampler(sources.all, sink, options.interval, until=lambda: not tree.alive)
     try:
         sampler.prime()
     except Exception as err:
@@ -158,6 +160,7 @@ class ProcessSampler:
             [sys.executable, "-m", "nbmon.helper", str(self.pid), str(os.getpid()), self.options.to_json()],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             close_fds=True, start_new_session=True)  # no terminal signals: it stops when told
+        EXCLUDED.add(self.proc.pid)  # nbmon's own: no monitor of this process counts it
         try:
             fd = self.proc.stdout.fileno()
             try:  # minutes of samples fit while the kernel holds the GIL
@@ -264,6 +267,7 @@ class ProcessSampler:
         except subprocess.TimeoutExpired:
             clean = False
             self._kill()
+        EXCLUDED.discard(proc.pid)  # reaped: the pid may be reused by anything
         self._close_stdout()
         return clean
 
@@ -271,6 +275,8 @@ class ProcessSampler:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if self.proc is not None:
+            EXCLUDED.discard(self.proc.pid)
         self._close_stdout()
 
     def _close_stdout(self) -> None:

@@ -143,7 +143,7 @@ class Monitor:
         tree = sources.tree
         sampler = Sampler(sources.all + self.extra_sources, None, self.options.interval,
                           clock=self.clock, wall=self.wall, event=self.event,
-                          until=None if self.pid == os.getpid() else lambda: not tree.root_alive)
+                          until=None if self.pid == os.getpid() else lambda: not tree.alive)
         sampler.prime()
         self.backend_used, self.sources = "thread", sources
         self._info = sources.info

@@ -59,10 +59,13 @@ class Options:
     """How a monitor samples.
 
     ``interval`` seconds between samples; ``children``: the watched
-    process's descendants too; ``system``: machine-wide figures; ``gpu``:
-    NVIDIA GPUs through NVML; ``exact_peak``: the kernel's high-water mark
-    for peak RSS (Linux); ``backend``: sample from a ``"thread"`` in this
-    process or from a helper ``"process"``; ``max_bytes``: the store's bound.
+    process's descendants too; ``system``: machine-wide and container
+    (cgroup) figures; ``gpu``: NVIDIA GPUs through NVML; ``exact_peak``:
+    the kernel's high-water marks for peak RSS (Linux); ``backend``: sample
+    from a ``"thread"`` in this process or from a helper ``"process"``;
+    ``max_bytes``: the store's bound; ``adopt``: also count this process's
+    other children, which are what the watched process orphaned when this
+    process is their subreaper (``nbmon run``).
     """
 
     interval: float = DEFAULT_INTERVAL_S
@@ -72,10 +75,11 @@ class Options:
     exact_peak: bool = True
     backend: str = "thread"
     max_bytes: int = DEFAULT_MAX_BYTES
+    adopt: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "interval", check_interval(self.interval))
-        for name in ("children", "system", "gpu", "exact_peak"):
+        for name in ("children", "system", "gpu", "exact_peak", "adopt"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.backend not in BACKENDS:

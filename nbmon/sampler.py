@@ -62,13 +62,17 @@ class Sampler:
         self._step_lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._slices: list[tuple[object, slice, Callable]] = []
+        self._first: tuple | None = None
 
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     def prime(self) -> None:
-        """Open the sources and take their baselines; fixes :attr:`fields`."""
+        """Open the sources and take their baselines; fixes :attr:`fields`.
+        The baseline is also the run's first sample, at :attr:`t_start`
+        (rates unknown there), handed to the sink by :meth:`launch`: what
+        happens right after start() counts from it."""
         self.t_start = now = self.clock()
         opened = []
         try:
@@ -86,9 +90,14 @@ class Sampler:
             fields.extend(names)
             at += len(names)
         self.fields = tuple(fields)
+        self._first = (now, self.wall(), self.read(now))
 
     def launch(self) -> None:
-        """Start the thread on primed sources."""
+        """Hand the baseline sample to the sink and start the thread on primed sources."""
+        try:
+            self.sink(*self._first)
+        except Exception as err:  # counted, as in the thread
+            self.faults.record(self.sink, err)
         thread = threading.Thread(target=self._run, args=(self._stop,), name=self.name, daemon=True)
         try:
             thread.start()

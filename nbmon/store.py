@@ -16,6 +16,7 @@ as over ten.
 from __future__ import annotations
 
 import math
+import mmap
 import threading
 from typing import Sequence
 
@@ -141,6 +142,19 @@ class Window:
         return self.closed
 
 
+def _lazy(shape: tuple[int, ...]) -> np.ndarray:
+    """An array whose memory is touched only where written, a page at a time.
+
+    numpy asks for transparent huge pages on large arrays: the run's first
+    sample, one value per column, would fault in a 2 MiB page per column --
+    some 20 MiB of the monitored process's RSS, counted as its growth."""
+    size = max(1, int(np.prod(shape))) * 8
+    buffer = mmap.mmap(-1, size)
+    if hasattr(buffer, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buffer.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buffer, dtype=np.float64, count=int(np.prod(shape))).reshape(shape)
+
+
 class Store:
     """Thread-safe bounded store of samples of the given columns."""
 
@@ -161,12 +175,12 @@ class Store:
         self.coarse_capacity = (rows - self.capacity) // 4 * 4
         k = len(self.columns)
         # Column-major: a column over time is contiguous for frames and exports.
-        self._data = np.empty((k, self.capacity))
-        self._t = np.empty(self.capacity)
-        self._wall = np.empty(self.capacity)
-        self._cdata = np.empty((k, self.coarse_capacity))
-        self._ct = np.empty(self.coarse_capacity)
-        self._cwall = np.empty(self.coarse_capacity)
+        self._data = _lazy((k, self.capacity))
+        self._t = _lazy((self.capacity,))
+        self._wall = _lazy((self.capacity,))
+        self._cdata = _lazy((k, self.coarse_capacity))
+        self._ct = _lazy((self.coarse_capacity,))
+        self._cwall = _lazy((self.coarse_capacity,))
         self._cn = 0           # rows in the coarse tier
         self._head = 0         # ring index of the oldest raw sample
         self._n = 0            # raw samples held

@@ -42,8 +42,13 @@ class ResourceSummary:
     The first nine fields are calibrax's. Means are time-weighted (each
     sample stands for the interval before it), which equals calibrax's plain
     mean when samples are evenly spaced and stays right when they are not.
-    ``peak_rss_mb`` comes from the kernel's high-water mark when
-    ``peak_rss_exact`` is True, so spikes between samples are caught.
+    ``peak_rss_mb`` comes from the kernel's high-water marks when
+    ``peak_rss_exact`` is True, so spikes between samples are caught: exact
+    when the tree was one process (``max_processes`` 1), otherwise an upper
+    bound (see nbmon.sources.proctree). ``cpu_time_sec`` is read from the
+    kernel's CPU clocks, and ``mean_cpu_percent`` is it over the duration.
+    ``memory_limit_mb`` and ``oom_kills`` are the container's (cgroup's):
+    its memory limit, and the processes its OOM killer killed in the period.
     """
 
     peak_rss_mb: float
@@ -61,8 +66,19 @@ class ResourceSummary:
     cpu_time_sec: float | None = None
     peak_rss_exact: bool | None = None
     peak_proc_gpu_mem_mb: float | None = None
+    max_processes: int | None = None
+    memory_limit_mb: float | None = None
+    oom_kills: int | None = None
     start_time: float | None = None
     end_time: float | None = None
+
+    @property
+    def peak_rss_kind(self) -> str:
+        """How ``peak_rss_mb`` was found: 'exact', 'upper bound' (a tree's,
+        from each process's high-water mark) or 'sampled' (a lower bound)."""
+        if not self.peak_rss_exact:
+            return "sampled"
+        return "exact" if (self.max_processes or 1) <= 1 else "upper bound"
 
     @classmethod
     def zeroed(cls) -> "ResourceSummary":
@@ -103,20 +119,26 @@ class ResourceSummary:
     def rows(self) -> list[tuple[str, str]]:
         """(title, text) pairs: every figure through :func:`nbmon.format.fmt`
         in its catalog column's unit, as the live meter shows it."""
-        exact = {True: " (exact)", False: " (sampled)", None: ""}[self.peak_rss_exact]
+        kind = "" if self.peak_rss_exact is None else f" ({self.peak_rss_kind})"
         mib, pct = unit_of("proc_rss_mb"), unit_of("proc_cpu_percent")
         rows = [
             ("Duration", fmt(self.duration_sec, "s")),
-            ("Peak RSS" + exact, fmt(self.peak_rss_mb, unit_of("proc_rss_peak_mb"))),
+            ("Peak RSS" + kind, fmt(self.peak_rss_mb, unit_of("proc_rss_peak_mb"))),
             ("RSS growth", fmt(self.memory_growth_mb, mib, signed=True)),
             ("Mean RSS", fmt(self.mean_rss_mb, mib)),
         ]
+        if self.memory_limit_mb is not None:
+            rows.append(("Memory limit (container)", fmt(self.memory_limit_mb, unit_of("cgroup_mem_limit_mb"))))
+        if self.oom_kills:
+            rows.append(("OOM kills (container)", fmt(self.oom_kills, unit_of("cgroup_oom_kills"))))
         if self.mean_cpu_percent is not None:
             rows.append(("CPU mean / peak", f"{fmt(self.mean_cpu_percent, pct)} / "
                                             f"{fmt(self.peak_cpu_percent, pct)}"))
+        if self.cpu_time_sec is not None:
+            rows.append(("CPU time", fmt(self.cpu_time_sec, unit_of("proc_cpu_time_s"))))
         if self.peak_gpu_mem_mb is not None:
             rows.append(("GPU util mean", fmt(self.mean_gpu_util, unit_of("gpu_util_percent"))))
-            rows.append(("GPU memory peak (device)", fmt(self.peak_gpu_mem_mb, unit_of("gpu_mem_used_mb"))))
+            rows.append(("GPU memory peak (all GPUs)", fmt(self.peak_gpu_mem_mb, unit_of("gpu_mem_used_mb"))))
             rows.append(("GPU memory peak (this tree)", fmt(self.peak_proc_gpu_mem_mb, unit_of("gpu_proc_mem_mb"))))
         if self.mean_gpu_power_w is not None:
             rows.append(("GPU power mean", fmt(self.mean_gpu_power_w, unit_of("gpu_power_w"))))
@@ -181,6 +203,13 @@ FROM_WINDOW = {
     "mean_cpu_percent": ("mean", "proc_cpu_percent"),
     "peak_cpu_percent": ("max", "proc_cpu_percent"),
     "peak_proc_gpu_mem_mb": ("max", "gpu_proc_mem_mb"),
+    "cpu_time_sec": ("delta", "proc_cpu_time_s"),
+    "memory_limit_mb": ("last", "cgroup_mem_limit_mb"),
+}
+# Counts: whole numbers.
+COUNTS_FROM_WINDOW = {
+    "max_processes": ("max", "proc_count"),
+    "oom_kills": ("delta", "cgroup_oom_kills"),
 }
 
 
@@ -189,21 +218,25 @@ def summarize(stats, *, peak_exact: bool | None = None) -> ResourceSummary:
     if stats.count == 0:
         return ResourceSummary.zeroed()
     figures = {field: known(stats.value(stat, column)) for field, (stat, column) in FROM_WINDOW.items()}
+    counts = {field: known(stats.value(stat, column)) for field, (stat, column) in COUNTS_FROM_WINDOW.items()}
     rss_peak = known(stats.value("max", "proc_rss_peak_mb"))
     if rss_peak is None:
         rss_peak = known(stats.value("max", "proc_rss_mb"))
-    growth = stats.value("last", "proc_rss_mb") - stats.value("first", "proc_rss_mb")
+    growth = stats.value("delta", "proc_rss_mb")
     duration = stats.duration
-    mean_cpu = figures["mean_cpu_percent"]
+    if figures["cpu_time_sec"] is not None and duration > 0:
+        # Exact, from the CPU clocks; the mean of the % column would miss the
+        # CPU of processes found late (counted in the time, not in any %).
+        figures["mean_cpu_percent"] = figures["cpu_time_sec"] / duration * 100.0
     start = stats.wall_first - (stats.t_first - stats.t_open) if stats.t_open == stats.t_open else stats.wall_first
     return ResourceSummary(
         peak_rss_mb=rss_peak or 0.0,
         memory_growth_mb=known(growth) or 0.0,
         num_samples=int(stats.count),
         duration_sec=float(duration),
-        cpu_time_sec=None if mean_cpu is None else mean_cpu / 100.0 * duration,
         peak_rss_exact=peak_exact if "proc_rss_mb" in stats.columns else None,
         start_time=known(start),
         end_time=known(stats.wall_last),
         **{**figures, "mean_rss_mb": figures["mean_rss_mb"] or 0.0},
+        **{field: None if value is None else int(value) for field, value in counts.items()},
     )

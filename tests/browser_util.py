@@ -138,6 +138,12 @@ def run_all_cells(page, lab: "JupyterLab", notebook: str, before: str | None = N
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
 
 
+CHROMIUM = os.environ.get("NBMON_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"   # screenshots, not committed
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -56,7 +56,7 @@ INIT_SCRIPT = r"""(() => {
     const now = performance.now();
     if (marks.record === undefined && document.querySelector(".nbmon-live-record")) marks.record = now;
     if (marks.chart === undefined) {
-      for (const plot of document.querySelectorAll(".nbmon-live-record .js-plotly-plot")) {
+      for (const plot of document.querySelectorAll(".js-plotly-plot")) {
         if (plot.data && plot.data.some((t) => t.y && t.y.length > 0)) marks.chart = now;
       }
     }
@@ -67,15 +67,16 @@ INIT_SCRIPT = r"""(() => {
 })();"""
 
 
-def execute_time(frames, pattern: str) -> float:
+def execute_time(frames, pattern: str, reply: str = "execute_input") -> float:
     """Page time at which the kernel began to run the cell matching
-    ``pattern`` (its execute_input: "Run All" sends every request at once)."""
+    ``pattern`` (its execute_input: "Run All" sends every request at once),
+    or at which the page received that cell's first ``reply`` message."""
     sent = [f["id"] for f in frames if f["dir"] == "send" and f["type"] == "execute_request"
             and re.search(pattern, f.get("code") or "")]
     assert sent, f"no execute_request matching {pattern!r} was sent"
-    began = [f["t"] for f in frames if f["type"] == "execute_input" and f["parent"] == sent[-1]]
-    assert began, f"the kernel never began the cell matching {pattern!r}"
-    return began[0]
+    got = [f["t"] for f in frames if f["type"] == reply and f["parent"] == sent[-1]]
+    assert got, f"no {reply} for the cell matching {pattern!r}"
+    return got[0]
 
 
 def idle_figures(frames, t_from: float, t_to: float) -> dict:
@@ -92,10 +93,6 @@ def idle_figures(frames, t_from: float, t_to: float) -> dict:
         "kernel_to_browser_bytes_per_s": sum(f["bytes"] for f in received) / seconds,
         "kernel_to_browser_messages": len(received),
     }
-
-
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def kernel_pids(server_pid: int) -> list[int]:

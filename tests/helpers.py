@@ -340,3 +340,8 @@ class RecordingComm(BaseComm):
     def updates(self) -> list[dict]:
         """The state of every update message."""
         return [state for state, _, _ in self.update_messages()]
+
+    def customs(self, kind: str) -> list[tuple[dict, list[bytes]]]:
+        """(content, buffers) of every custom message of ``kind`` (its "type")."""
+        return [(data["content"], buffers) for msg, data, buffers in self.published
+                if msg == "comm_msg" and data.get("method") == "custom" and data["content"].get("type") == kind]

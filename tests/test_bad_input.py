@@ -284,6 +284,8 @@ def _cases():
     cases.append(("SystemMonitor-rank-bool", lambda: (_sm(rank=True), ValueError,
                                                      "rank must be a non-negative whole number or None, got True",
                                                      "True")))
+    cases.append(("SystemMonitor-tree-str", lambda: (_sm(tree="yes"), ValueError,
+                                                    "tree must be True or False, got 'yes'", "'yes'")))
     cases.append(("Monitor-interval-0", lambda: (lambda: Monitor(interval=0), ValueError,
                                                 "interval must be a positive number of seconds, got 0", "0")))
     cases.append(("Monitor-interval-abc", lambda: (lambda: Monitor(interval="abc"), ValueError,
@@ -359,7 +361,6 @@ FROM_DICT_CASES = [
     ("missing", without("num_samples"), f"{FD}: missing key(s) 'num_samples'", "'num_samples'"),
     ("missing-two", without("peak_rss_mb", "duration_sec"),
      f"{FD}: missing key(s) 'peak_rss_mb', 'duration_sec'", "'duration_sec'"),
-    ("extra", changed(peak_vram_gb=1.0), f"{FD}: unknown key(s) 'peak_vram_gb'", "'peak_vram_gb'"),
     ("str-for-float", changed(peak_rss_mb="512"), f"{FD}: peak_rss_mb must be a number, got '512'", "'512'"),
     ("bool-for-float", changed(mean_rss_mb=True), f"{FD}: mean_rss_mb must be a number, got True", "True"),
     ("fraction-for-count", changed(num_samples=1.5), f"{FD}: num_samples must be a whole number, got 1.5", "1.5"),

@@ -1,6 +1,6 @@
 """nbmon in a real JupyterLab, driven by a real (headless) Chromium through
-Playwright: the live dashboard streams, the cell meter ticks, and the cell's
-summary replaces the meter when the cell ends."""
+Playwright: the cell meter ticks, and the cell's summary replaces the meter
+when the cell ends. (The live dashboard: test_dashboard_browser.py.)"""
 
 from __future__ import annotations
 
@@ -12,19 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from browser_util import chromium_page, lab_serving, mib, row, run_all_cells, seconds, wait_for
+from browser_util import (ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, chromium_page, lab_serving, mib, row,
+                          run_all_cells, seconds, wait_for)
 
-CHROMIUM = os.environ.get("NBMON_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 NOTEBOOK = "nbmon-browser.ipynb"
 
-WORKLOAD = '''%%resmon --label browser
-import time
+GO = "go"   # the test creates it once it has seen the meter tick
+# CPU work with small sleeps for at least 4 s and until the test has seen
+# what it needs (bounded): a fixed-length cell is over before a page slow to
+# render its first widget (a fresh machine's first run) has shown it ticking.
+WORKLOAD = f'''%%resmon --label browser
+import pathlib, time
 block = b"\\x01" * (100 * 2**20)  # about 100 MiB, kept
 t0 = time.perf_counter()
-while time.perf_counter() - t0 < 4:  # about 4 s of CPU work, with small sleeps
+while time.perf_counter() - t0 < 4 or not pathlib.Path("{GO}").exists() and time.perf_counter() - t0 < 120:
     t1 = time.perf_counter()
     while time.perf_counter() - t1 < 0.05:
         pass
@@ -32,15 +33,13 @@ while time.perf_counter() - t0 < 4:  # about 4 s of CPU work, with small sleeps
 "done"'''
 
 # Installed in the page before the cells run: every 100 ms it notes the
-# first trace's length and the meter's values, so that what the page showed
-# is judged afterwards, independently of how promptly this process polls.
+# meter's values, so that what the page showed is judged afterwards,
+# independently of how promptly this process polls.
 RECORDER = """() => {
-  const log = window.__nbmonLog = {plot: [], meter: []};
+  const log = window.__nbmonLog = {meter: []};
   const t0 = performance.now();
   window.setInterval(() => {
     const t = performance.now() - t0;
-    const plot = document.querySelector('.js-plotly-plot');
-    if (plot && plot.data && plot.data[0] && plot.data[0].x) log.plot.push([t, plot.data[0].x.length]);
     const meter = document.querySelector('.nbmon-meter');
     if (meter) {
       const read = name => {
@@ -70,8 +69,7 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    with lab_serving(tmp_path_factory.mktemp("jupyterlab"), NOTEBOOK,
-                     ["%load_ext nbmon", "%resmon --interval 0.1", WORKLOAD]) as server:
+    with lab_serving(tmp_path_factory.mktemp("jupyterlab"), NOTEBOOK, ["%load_ext nbmon", WORKLOAD]) as server:
         yield server
 
 
@@ -83,37 +81,36 @@ def test_lab_finds_the_widget_extensions(lab):
     assert str(Path(sys.prefix) / "share" / "jupyter" / "labextensions") in listing
 
 
-def test_dashboard_streams_meter_ticks_and_summary_replaces_it(lab, chromium_path):
+def running(log) -> list[dict]:
+    return [m for m in log["meter"] if m["status"] == "running"]
+
+
+def ticked(meter) -> bool:
+    """The meter was seen live: elapsed and CPU changed while running."""
+    elapsed = [float(m["elapsed"][1]) for m in meter if m["elapsed"] and m["elapsed"][1]]
+    cpu = {m["cpu"][1] for m in meter if m["cpu"] and m["cpu"][1]}
+    return len(set(elapsed)) >= 2 and elapsed[-1] > elapsed[0] and len(cpu) >= 2
+
+
+def test_meter_ticks_and_summary_replaces_it(lab, chromium_path):
     ARTIFACTS.mkdir(exist_ok=True)
     with chromium_page(chromium_path, CHROMIUM_ARGS, lab, ARTIFACTS / "browser-failure.png") as page:
         run_all_cells(page, lab, NOTEBOOK, RECORDER)
 
-        cells = page.locator(".jp-Notebook .jp-Cell")
-        long_cell = cells.nth(2)
+        long_cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
         long_cell.locator(".nbmon-meter").wait_for(timeout=120_000)
+        # the meter is live while the cell runs: elapsed and CPU change; then the cell may end
+        wait_for(lambda: ticked(running(page.evaluate("window.__nbmonLog"))), 60, "the meter to tick")
         page.screenshot(path=str(ARTIFACTS / "browser-running.png"))
+        (lab.root / GO).touch()
         summary = long_cell.locator(".nbmon-summary")
         summary.wait_for(timeout=120_000)
 
-        # (a) the dashboard streams: its trace gained points over at least a second
-        log = wait_for(lambda: _plot_span(page.evaluate("window.__nbmonLog")), 60,
-                       "the dashboard to be recorded over more than a second")
-        first, later = log
-        assert later[1] > first[1], f"trace did not grow: {first} -> {later}"
-        assert long_cell.locator(".js-plotly-plot").count() == 0
-        assert cells.nth(1).locator(".js-plotly-plot .scatterlayer .trace").count() >= 2
-
-        # (b) the meter was live while the cell ran: elapsed and CPU changed
-        meter = [m for m in page.evaluate("window.__nbmonLog.meter") if m["status"] == "running"]
-        assert meter, "the meter was never seen running"
-        elapsed = [float(m["elapsed"][1]) for m in meter if m["elapsed"] and m["elapsed"][1]]
-        cpu = {m["cpu"][1] for m in meter if m["cpu"] and m["cpu"][1]}
-        assert len(set(elapsed)) >= 2 and elapsed[-1] > elapsed[0], meter
-        assert len(cpu) >= 2, meter
+        meter = running(page.evaluate("window.__nbmonLog"))
         assert all(m["elapsed"][0].strip() for m in meter)  # the text the user sees
         assert meter[-1]["label"][0] == "browser"
 
-        # (c) the cell's summary replaced its meter
+        # the cell's summary replaced its meter
         assert long_cell.locator(".nbmon-meter").count() == 0
         assert summary.get_attribute("data-status") == "ok"
         assert "browser" in summary.inner_text()
@@ -126,13 +123,3 @@ def test_dashboard_streams_meter_ticks_and_summary_replaces_it(lab, chromium_pat
         assert seconds(row(rows, "Duration")) >= 3, rows
         assert "done" in long_cell.locator(".jp-OutputArea-output").last.inner_text()
         page.screenshot(path=str(ARTIFACTS / "browser.png"))
-
-
-def _plot_span(log):
-    """(first reading with points, a later reading at least 1 s after it), or None yet."""
-    readings = [r for r in log["plot"] if r[1] > 0]
-    if not readings:
-        return None
-    first = readings[0]
-    later = [r for r in readings if r[0] >= first[0] + 1000]
-    return (first, later[-1]) if later else None

@@ -1,15 +1,15 @@
-"""calibrax's ResourceMonitor and ResourceSummary as its users' code sees
-them: the dict to_dict() writes and from_dict() reads, the GPU fields
-without a profiler, the sampling thread, and means that never pass peaks."""
+"""calibrax's ResourceMonitor as its users' code sees it: the GPU fields
+without a profiler, the summary's keys, the sampling thread, calibrax's
+attribute names, and means that never pass peaks. (to_dict/from_dict:
+test_summary.py.)"""
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
 from helpers import nbmon_threads, wait_until
-from nbmon import NVMLProfiler, ResourceMonitor, ResourceSummary
+from nbmon import NVMLProfiler, ResourceMonitor
 from nbmon.store import Store
 from nbmon.summary import summarize
 
@@ -17,34 +17,6 @@ GIB = 1 << 30
 MIB = 1 << 20
 CALIBRAX_KEYS = ["peak_rss_mb", "mean_rss_mb", "peak_gpu_mem_mb", "mean_gpu_util", "memory_growth_mb",
                  "num_samples", "duration_sec", "mean_gpu_clock_mhz", "mean_gpu_power_w"]
-NO_GPU = dict(peak_rss_mb=512.0, mean_rss_mb=400.0, peak_gpu_mem_mb=None, mean_gpu_util=None,
-              memory_growth_mb=10.0, num_samples=50, duration_sec=5.0)
-
-
-# -- to_dict / from_dict ------------------------------------------------------------
-
-
-def test_to_dict_always_writes_the_two_gpu_fields():
-    d = ResourceSummary(**NO_GPU).to_dict()
-    assert list(d) == CALIBRAX_KEYS[:7]
-    assert d["peak_gpu_mem_mb"] is None and d["mean_gpu_util"] is None
-    assert json.loads(json.dumps(d)) == d  # null in JSON
-    # from_dict reads it, and the form without them that nbmon wrote before.
-    without = {k: v for k, v in d.items() if v is not None}
-    assert ResourceSummary.from_dict(d) == ResourceSummary.from_dict(without) == ResourceSummary(**NO_GPU)
-    # The other optional fields only when known.
-    d = ResourceSummary(**NO_GPU, mean_gpu_power_w=250.0, peak_rss_exact=True).to_dict()
-    assert list(d) == CALIBRAX_KEYS[:7] + ["mean_gpu_power_w", "peak_rss_exact"]
-
-
-def test_from_dict_ignores_unknown_keys():
-    # A file written by a newer version, with fields this one does not know.
-    data = ResourceSummary(**NO_GPU).to_dict() | {"peak_vram_gb": 1.5, "host": {"name": "gpu-7"}}
-    assert ResourceSummary.from_dict(data) == ResourceSummary(**NO_GPU)
-    # What it knows is still checked.
-    with pytest.raises(ValueError) as err:
-        ResourceSummary.from_dict(data | {"num_samples": "50"})
-    assert str(err.value) == "ResourceSummary.from_dict: num_samples must be a number, got '50'"
 
 
 # -- ResourceMonitor -------------------------------------------------------------------
@@ -101,7 +73,7 @@ def test_calibraxs_attribute_names():
     assert mon._samples == []
     with mon:
         wait_until(lambda: len(mon._samples) >= 1, timeout=20.0, what="a sample")
-    assert mon._samples == mon.samples
+    assert [s.timestamp for s in mon._samples] == [s.timestamp for s in mon.samples]
 
 
 # -- means stay within their window's range -----------------------------------------------

@@ -14,11 +14,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from browser_util import JupyterLab, wait_for
-from dashboard_page import CHROMIUM_ARGS, INIT_SCRIPT, execute_time, idle_figures
+from browser_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, JupyterLab, wait_for
+from dashboard_page import INIT_SCRIPT, execute_time, idle_figures
 
-CHROMIUM = os.environ.get("NBMON_CHROMIUM", "/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 IDLE_S = 30            # the window: an open dashboard, nothing running
 FIRST_OUTPUT_S = 0.5   # %resmon to its first output in the page
 KIB_PER_S = 4.0        # kernel -> browser while idle, default settings
@@ -181,8 +179,16 @@ def test_lab_dashboard_is_quick_one_way_and_survives_the_kernel(lab, browser):
         later = page.chart()
         assert min(later["points"]) > min(chart["points"]), "the chart stopped growing"
 
-        # saved while running, kernel gone, reopened: figures, not a widget error
+        # saved while running; then the kernel restarts: the chart says it is no longer live
         save(page, lab, "lab.ipynb")
+        for kernel in lab.api("/api/kernels"):
+            lab.api(f"/api/kernels/{kernel['id']}/restart", method="POST", timeout=60.0)
+        note = page.page.locator('.nbmon-live-record [data-nbmon="disconnected"]')
+        note.wait_for(timeout=60_000)
+        assert page.page.locator(".nbmon-live-record .js-plotly-plot").count() == 0
+        assert page.page.locator(".nbmon-live-record .nbmon-summary").first.is_visible()
+        page.shot("dashboard-disconnected.png")
+        # kernel gone, notebook reopened: figures, not a widget error
         shut_down_kernels(lab)
         page.page.reload()
         assert_record_shows_figures(page)

@@ -138,6 +138,7 @@ def test_pinned_allocation_shows_on_that_worker_only(cluster, watched):
     assert grown_b < 50, grown_b
     assert feeds[a].about["peak_exact"] is True
     assert feeds[a].host == feeds[b].host == os.uname().nodename
+    assert watched.collector.unread == 0   # every batch came after its worker's header, and fitted it
 
 
 def test_a_tasks_subprocess_is_counted_in_its_workers_tree(cluster, watched):
@@ -342,7 +343,11 @@ def test_frames_stay_within_64_kib_and_large_clusters_are_compact():
             assert "compact view (100 workers" in view.widget.layout.legend.title.text
             assert len(view.widget.data) == len(BANDS) * len(view.rows) + len(view.rows) + 1   # + totals, hosts
             assert 0 < view.last_frame_bytes <= MAX_FRAME_BYTES
+        for view in views:
+            assert not view.refresh() and view.skipped == 1   # nothing new: nothing sent
         watch.collector.handle({"left": "tcp://10.0.0.1:4000"})
+        watch.collector.handle({"something": "else"})   # someone else's event on the topic
+        assert watch.collector.unread == 1
         for view in views:
             assert view.refresh() and view.errors == 0
             assert "99 workers · 1 left" in view.widget.layout.title.text

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import threading
@@ -10,9 +9,11 @@ import threading
 import numpy as np
 import pytest
 
+from browser_util import row, summary_rows
 from helpers import RecordingComm, wait_until
 from nbmon.monitor import Monitor
-from nbmon.notebook.dashboard import THREAD_NAME, Dashboard, frame_bytes
+from nbmon.notebook import charts
+from nbmon.notebook.dashboard import MARGIN_PX, THREAD_NAME, Dashboard, frame_bytes
 
 POLL_S = 10.0  # upper bound of every wait below; they normally end in milliseconds
 
@@ -27,8 +28,7 @@ def dashboards():
     made: list[Dashboard] = []
     yield made
     for d in made:
-        d.freeze()
-        d.widget.close()
+        d.close()
     assert not live_threads()
 
 
@@ -63,18 +63,38 @@ def trace(d: Dashboard, column: str):
 # -- layout -------------------------------------------------------------------
 
 
-def test_two_rows_without_gpu(stopped, dashboards):
+def test_rows_without_gpu_kernel_on_top_machine_beneath(stopped, dashboards):
     d = Dashboard(stopped, window_s=120.0, start=False)
     dashboards.append(d)
     assert d.widget is not None and type(d.widget).__name__ == "FigureWidget"
-    assert d.columns == ["proc_cpu_percent", "sys_cpu_percent", "proc_rss_mb", "sys_mem_used_mb"]
-    assert [tr.meta for tr in d.widget.data] == d.columns
-    assert [tr.xaxis for tr in d.widget.data] == ["x", "x", "x2", "x2"]
+    assert [c for c in d.columns if not c.startswith("cgroup_")] == \
+        ["sys_cpu_percent", "proc_cpu_percent", "sys_mem_used_mb", "proc_rss_mb"]
+    assert [tr.meta for tr in d.widget.data] == d.columns + ["cells"]
+    traces = {tr.meta: tr for tr in d.widget.data}
     layout = d.widget.layout
-    assert "xaxis3" not in layout.to_plotly_json()
-    for axis in (layout.xaxis, layout.xaxis2):
-        assert tuple(axis.range) == (-120.0, 0.0)
-    assert layout.xaxis.matches == "x2"
+    assert "xaxis3" not in layout.to_plotly_json() and layout.xaxis.matches == "x2"
+    assert layout.xaxis.range is None           # fits the data; the front end keeps the last window
+    assert d.widget._nbmon["window"] == 120.0
+    # machine-wide figures: a light band on the row's right axis, drawn first (underneath)
+    for machine, kernel in (("sys_cpu_percent", "proc_cpu_percent"), ("sys_mem_used_mb", "proc_rss_mb")):
+        assert traces[machine].fill == "tozeroy" and traces[kernel].fill is None
+        assert traces[machine].line.width < traces[kernel].line.width
+        assert layout[traces[machine].yaxis.replace("y", "yaxis")].side == "right"
+        assert layout[traces[kernel].yaxis.replace("y", "yaxis")].side == "left"
+    assert tuple(layout[traces["sys_cpu_percent"].yaxis.replace("y", "yaxis")].range) == (0.0, 100.0)
+    assert layout.height == MARGIN_PX + sum(r.px for r in charts.ROWS[:2])
+    assert layout.width is None and layout.autosize   # as wide as the output area
+
+
+def test_the_container_limit_is_a_line_beside_the_kernels_memory(stopped, dashboards):
+    append(stopped.store, 5, cgroup_mem_limit_mb=4096.0)   # as the cgroup source gives it, when known
+    d = Dashboard(stopped, start=False)
+    dashboards.append(d)
+    limit, rss = trace(d, "cgroup_mem_limit_mb"), trace(d, "proc_rss_mb")
+    assert limit.name == "memory limit, container"
+    assert limit.line.dash == "dash" and limit.line.color == charts.LIMIT_COLOR
+    assert limit.yaxis == rss.yaxis != trace(d, "sys_mem_used_mb").yaxis
+    assert 4096.0 in limit.y.tolist()
 
 
 def test_without_system_columns_only_the_tree_is_drawn(dashboards):
@@ -85,71 +105,69 @@ def test_without_system_columns_only_the_tree_is_drawn(dashboards):
         m.stop()
     d = Dashboard(m, start=False)
     dashboards.append(d)
-    assert d.columns == ["proc_cpu_percent", "proc_rss_mb"]
-    assert d.refresh()
-    assert len(d.widget.data[0].x) >= 2
+    assert [c for c in d.columns if not c.startswith("cgroup_")] == ["proc_cpu_percent", "proc_rss_mb"]
+    assert len(trace(d, "proc_rss_mb").x) >= 2
 
 
-# -- refreshing ---------------------------------------------------------------
+# -- the wire -----------------------------------------------------------------
 
 
-def test_traces_grow_as_samples_arrive(stopped, dashboards):
+def test_a_frame_carries_only_the_new_samples(stopped, dashboards):
     d = Dashboard(stopped, start=False)
     dashboards.append(d)
-    assert d.refresh()
-    n0 = len(trace(d, "proc_rss_mb").x)
-    assert n0 == stopped.store.seq
-    sizes = []
+    d.widget.comm = comm = RecordingComm(target_name="jupyter.widget")
+    comm.published.clear()                              # its own comm_open
+    assert len(trace(d, "proc_rss_mb").x) == stopped.store.seq   # the first state: what the store held
+    assert not d.refresh() and not d.refresh()          # nothing new: nothing sent
+    assert comm.published == [] and d.skipped == 2
+    sent = []
     for _ in range(3):
         append(stopped.store, 10, proc_cpu_percent=42.0, proc_rss_mb=1536.0)
         assert d.refresh()
-        sizes.append(len(trace(d, "proc_rss_mb").x))
-    assert sizes == [n0 + 10, n0 + 20, n0 + 30]
-    for tr in d.widget.data:
-        assert isinstance(tr.x, np.ndarray) and tr.x.dtype == np.float32
-        assert isinstance(tr.y, np.ndarray) and tr.y.dtype == np.float32
-        assert tr.x[-1] == 0.0 and tr.x[0] < 0.0
-    assert trace(d, "proc_rss_mb").y[-1] == 1536.0
-    assert d.widget.layout.title.text == "CPU 42.0 % · RSS 1.5 GiB"
-    assert d.refreshes == 4 and d.errors == 0
+        sent += comm.customs("nbmon:append")
+        comm.published.clear()
+    assert len(sent) == 3
+    for content, (x, *ys) in sent:
+        assert len(x) == 10 * 8 and len(ys) == len(d.columns) and all(len(y) == 10 * 4 for y in ys)
+        assert content["title"] == "CPU 42.0 % · RSS 1.5 GiB"
+    xs = np.concatenate([np.frombuffer(b[0], dtype=np.float64) for _, b in sent])
+    assert np.all(np.diff(xs) > 0)                      # seconds since the run's start, never resent
+    cpu = np.frombuffer(sent[0][1][1 + d.columns.index("proc_cpu_percent")], dtype=np.float32)
+    assert cpu.tolist() == [42.0] * 10
+    assert d.last_frame_bytes == 10 * 8 + len(d.columns) * 10 * 4
+    assert d.refreshes == 3 and d.errors == 0
 
 
-def test_no_new_sample_sends_nothing(stopped, dashboards):
-    d = Dashboard(stopped, start=False)
-    dashboards.append(d)
-    d.widget.comm = comm = RecordingComm(target_name="jupyter.widget")
-    assert d.refresh()
-    assert comm.updates()
-    comm.published.clear()
-    assert not d.refresh() and not d.refresh()
-    assert comm.published == []
-    assert d.skipped == 2
-    append(stopped.store, 1)
-    assert d.refresh()
-    assert comm.updates()
-
-
-def test_a_frame_is_one_message_with_binary_float32_buffers(stopped, dashboards):
-    append(stopped.store, 5000)                   # more than the budget: decimated
+def test_the_first_state_is_decimated_and_holds_no_plotly_bundle(stopped, dashboards):
+    append(stopped.store, 5000)                         # more than the budget: min/max decimated
     d = Dashboard(stopped, start=False, budget_per_trace=1000)
     dashboards.append(d)
+    assert all(len(tr.y) == 1000 for tr in d.widget.data if tr.meta != "cells")
+    assert trace(d, "proc_rss_mb").x.dtype == np.float64
+    state = d.widget.get_state()
+    assert len(state["_esm"]) < 100_000                 # nbmon's loader, not plotly's 5 MB bundle
+    assert state["_nbmon"]["id"] == d.live_id
     d.widget.comm = comm = RecordingComm(target_name="jupyter.widget")
+    d.widget._handle_custom_msg({"type": "nbmon:bundle"}, [])   # what a page that missed the push asks
+    ((_content, (bundle,)),) = comm.customs("nbmon:bundle")
+    assert len(bundle) > 1_000_000 and b"as FigureView" in bundle
+
+
+def test_cells_are_sent_as_bands_once_and_again_when_they_end(stopped, dashboards):
+    cells = []
+    d = Dashboard(stopped, start=False, cells=cells)
+    dashboards.append(d)
+    d.widget.comm = comm = RecordingComm(target_name="jupyter.widget")
+    t = stopped.store.latest()["t"]
+    cells.append({"id": "a", "n": 7, "label": "model.fit(X)", "t0": t, "t1": None})
     assert d.refresh()
-    frames = [(state, paths, buffers) for state, paths, buffers in comm.update_messages()
-              if state.get("_py2js_update")]
-    assert len(frames) == 1
-    state, paths, buffers = frames[0]
-    update = state["_py2js_update"]
-    assert update["style_traces"] == list(range(len(d.columns)))
-    assert update["layout_data"]["title.text"].startswith("CPU ")
-    for prop in ("x", "y"):
-        specs = update["style_data"][prop]
-        assert len(specs) == len(d.columns)
-        assert all(spec["dtype"] == "float32" and spec["shape"] == [1000] for spec in specs)
-    assert len(paths) == len(buffers) == 2 * len(d.columns)
-    assert sum(len(b) for b in buffers) == d.last_frame_bytes == 4 * 1000 * 2 * 4
-    # the JSON part carries no sample values
-    assert len(json.dumps(state)) < 2000
+    assert d.refresh() is False                         # unchanged: not sent again
+    cells[0]["t1"] = t + 1.5
+    assert d.refresh()
+    bands = [c for content, _ in comm.customs("nbmon:append") for c in content["cells"]]
+    assert [(b["n"], b["label"], b["t1"] is None) for b in bands] == [(7, "model.fit(X)", True),
+                                                                       (7, "model.fit(X)", False)]
+    assert bands[1]["t1"] - bands[1]["t0"] == pytest.approx(1.5)
 
 
 def test_frame_bytes_counts_every_trace():
@@ -162,30 +180,34 @@ def test_frame_bytes_counts_every_trace():
 
 
 def test_refresher_draws_while_running_and_freeze_stops_it(monitor, dashboards):
-    d = Dashboard(monitor, refresh_hz=50.0)
+    d = Dashboard(monitor, refresh_hz=50.0, start=False)
     dashboards.append(d)
+    d.widget.comm = comm = RecordingComm(target_name="jupyter.widget")
+    d.start()
     assert [t.daemon for t in live_threads()] == [True]
     wait_until(lambda: d.refreshes >= 3, timeout=POLL_S, what="three refreshes")
-    n = len(trace(d, "proc_cpu_percent").x)
-    assert n >= 3
     record = d.freeze()
     assert not live_threads()
     assert not d.running
     assert '<svg' in record and 'class="nbmon-summary"' in record
-    assert "Resource summary" in record and "CPU" in record and "RSS" in record
-    assert d.widget.layout.title.text.endswith("· stopped")
+    assert "Resource summary" in record and "CPU" in record and "RSS" in record and "stopped" in record
+    assert comm.customs("nbmon:append")[-1][0]["title"].endswith("· stopped")
     assert d.errors == 0, d.last_error
 
 
 def test_refresher_ends_by_itself_when_the_monitor_stops(monitor, dashboards):
-    d = Dashboard(monitor, refresh_hz=50.0)
+    d = Dashboard(monitor, refresh_hz=50.0, start=False)
     dashboards.append(d)
+    d.widget.comm = comm = RecordingComm(target_name="jupyter.widget")
+    first = len(trace(d, "proc_rss_mb").x)
+    d.start()
     wait_until(lambda: d.refreshes >= 1, timeout=POLL_S, what="a refresh")
     monitor.stop()
     wait_until(lambda: not live_threads(), timeout=POLL_S, what="the refresher to end")
-    # its last refresh drew the last sample
+    # its last refresh sent the last sample: the page holds every one, once
     assert d._seq == monitor.store.seq
-    assert len(trace(d, "proc_rss_mb").x) == monitor.store.seq
+    appended = sum(len(buffers[0]) // 8 for _, buffers in comm.customs("nbmon:append"))
+    assert first + appended == monitor.store.seq
 
 
 def test_refresher_counts_errors_and_keeps_going(monitor, dashboards):
@@ -211,7 +233,7 @@ def test_freeze_of_a_monitor_that_never_started(dashboards):
     m = Monitor(interval=0.02, gpu=False)
     d = Dashboard(m, refresh_hz=50.0)
     dashboards.append(d)
-    assert d.columns == ["proc_cpu_percent", "sys_cpu_percent", "proc_rss_mb", "sys_mem_used_mb"]
+    assert d.columns == ["sys_cpu_percent", "proc_cpu_percent", "sys_mem_used_mb", "proc_rss_mb"]
     assert d.running                              # waits for the monitor to start
     assert not d.refresh()
     record = d.freeze()
@@ -256,10 +278,9 @@ def test_gpu_rows_per_device(fake_gpus, dashboards):
     finally:
         m.stop()
     dashboards.append(d)
-    assert d.columns[4:] == ["gpu0_util_percent", "gpu1_util_percent", "gpu0_mem_used_mb", "gpu1_mem_used_mb"]
-    assert [tr.xaxis for tr in d.widget.data][4:] == ["x3", "x3", "x4", "x4"]
-    assert tuple(d.widget.layout.xaxis4.range) == (-600.0, 0.0)
-    assert d.refresh()
+    gpu = [c for c in d.columns if c.startswith("gpu")]
+    assert gpu == ["gpu0_util_percent", "gpu1_util_percent", "gpu0_mem_used_mb", "gpu1_mem_used_mb"]
+    assert [trace(d, c).xaxis for c in gpu] == ["x3", "x3", "x4", "x4"]
     assert set(trace(d, "gpu0_util_percent").y.tolist()) == {37.0}
     assert set(trace(d, "gpu1_mem_used_mb").y.tolist()) == {20 * 1024.0}
     title = d.widget.layout.title.text
@@ -274,13 +295,33 @@ def test_gpu_rows_per_device(fake_gpus, dashboards):
 # -- static pages -------------------------------------------------------------
 
 
-def test_record_html_is_plain_html(stopped):
+def test_record_html_is_plain_html_the_live_chart_mounts_into(stopped, dashboards):
     from nbmon.notebook.dashboard import record_html
 
     record = record_html(stopped)
     assert record.startswith('<div class="nbmon-live-record">')
     assert 'class="nbmon-summary"' in record and "<svg" in record
     assert "<script" not in record
+    d = Dashboard(stopped, start=False)
+    dashboards.append(d)
+    shown = d._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" not in shown   # a saved notebook never says "model not found"
+    assert f'data-nbmon-live="{d.live_id}"' in shown["text/html"] and "nbmon-live-static" in shown["text/html"]
+
+
+def legend_peaks(html: str) -> dict[str, str]:
+    """{row: peak text} of a static timeline's legend."""
+    return dict(re.findall(r"</tspan> (\w+(?: \w+)?) peak ([^<]+?)  ", html))
+
+
+def test_record_table_and_timeline_give_the_same_figures(stopped):
+    from nbmon.notebook.dashboard import record_html
+
+    html = record_html(stopped)
+    table, legend = summary_rows(html), legend_peaks(html)
+    assert legend["CPU"] == row(table, "CPU mean / peak").split(" / ")[1]
+    assert legend["RSS"] == row(table, "Peak RSS")
+    assert re.search(r'class="nbmon-timeline-scale".*>0\.00 s<', html)   # a time scale
 
 
 def test_write_html_is_a_self_contained_page_of_the_whole_run(stopped, tmp_path):

@@ -4,6 +4,7 @@ the monitor's threads, auto mode, unloading, and misuse."""
 
 from __future__ import annotations
 
+import re
 import threading
 import traceback
 
@@ -14,7 +15,8 @@ from IPython.utils.capture import capture_output
 
 import nbmon
 import nbmon.notebook.magics
-from helpers import wait_until
+from browser_util import row, summary_rows
+from helpers import burn_cpu, wait_until
 from nbmon.notebook.session import SESSION
 from nbmon.summary import ResourceSummary
 
@@ -188,7 +190,9 @@ def test_line_magic_starts_one_monitor_and_stop_ends_every_thread(ip):
     with capture_output() as cap:
         ip.run_line_magic("resmon", "--interval 0.05")
     assert samplers() == 1 and count("nbmon-live") == 1
-    assert WIDGET_MIME in cap.outputs[0].data
+    # its record at once, which the widget mounts its chart into: never a widget view a saved notebook loses
+    (record,) = cap.outputs
+    assert "nbmon-live-record" in html_of(record) and WIDGET_MIME not in record.data
 
     with capture_output() as cap:
         ip.run_line_magic("resmon", "")  # a second dashboard, the same monitor
@@ -224,7 +228,7 @@ def test_nbmon_monitor_is_the_one_resmon_shows_and_feeds_a_sink_of_ones_own(ip):
     assert nbmon.monitor(interval=1.0) is monitor and monitor.interval == 0.05  # running: the same one
     with capture_output() as cap:
         ip.run_line_magic("resmon", "")  # its dashboard shows the same monitor
-    assert SESSION.monitor is monitor and samplers() == 1 and WIDGET_MIME in cap.outputs[0].data
+    assert SESSION.monitor is monitor and samplers() == 1 and "nbmon-live-record" in html_of(cap.outputs[0])
     wait_until(lambda: len(got) >= 3, what="three samples at the sink")
     with capture_output():
         ip.run_line_magic("resmon", "stop")
@@ -253,6 +257,61 @@ def test_samples_frame_round_trips_through_csv_and_parquet(ip, tmp_path):
 
     frame.to_parquet(tmp_path / "s.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "s.parquet"), frame, check_freq=False)
+
+
+def test_dashboard_marks_each_cell_with_its_prompt_number(ip):
+    with capture_output():
+        ip.run_line_magic("resmon", "--interval 0.05")
+    (dashboard, _), = nbmon.notebook.magics._loaded[id(ip)].dashboards
+    number = ip.execution_count
+    with capture_output():
+        ip.run_cell("rm_y = sum(range(10**5))", store_history=True)   # numbered, as in a kernel
+        ip.run_cell("%%resmon --label summed\nrm_y + 1", store_history=True)
+    first, second = dashboard.cells
+    assert (first["n"], first["label"]) == (number, "rm_y = sum(range(10**5))")
+    assert (second["n"], second["label"]) == (number + 1, "summed")
+    assert first["t0"] < first["t1"] <= second["t0"] < second["t1"]
+    with capture_output() as cap:
+        ip.run_line_magic("resmon", "stop")
+    (final,) = [o for o in cap.outputs if o.update]
+    assert "stopped" in html_of(final)
+
+
+def test_failing_cell_shows_the_users_code_with_its_prompt_number(ip):
+    number = ip.execution_count
+    with capture_output() as cap:
+        result = ip.run_cell("%%resmon --label boom\nrm_a = 1\nrm_a / 0", store_history=True)
+    assert isinstance(result.error_in_exec, ZeroDivisionError)
+    assert nbmon.history().iloc[-1]["execution_count"] == number
+    text = re.sub(r"\x1b\[[0-9;]*m", "", cap.stdout)
+    assert f"Cell In[{number}], line 3" in text and "----> 3 rm_a / 0" in text
+    assert "run_cell_magic" not in text and "magics.py" not in text, text
+    assert len(text.strip().splitlines()) < 12, text
+
+
+def legend_peaks(html: str) -> dict[str, str]:
+    return dict(re.findall(r"</tspan> (\w+(?: \w+)?) peak ([^<]+?)  ", html))
+
+
+def test_cell_record_table_and_timeline_give_the_same_figures(ip):
+    nbmon.monitor(interval=0.02, gpu=False)   # one monitor across cells, as while %resmon runs
+    try:
+        burn_cpu(0.3)   # busy just before the cell: the sample its window opens with is not the cell's
+        with capture_output() as cap:
+            ip.run_cell_magic("resmon", "--label idle", "import time\ntime.sleep(0.3)")
+    finally:
+        SESSION.stop()
+    html = html_of(cap.outputs[-1])
+    table, legend = summary_rows(html), legend_peaks(html)
+    assert legend["CPU"] == row(table, "CPU mean / peak").split(" / ")[1]
+    assert legend["RSS"] == row(table, "Peak RSS")
+    assert re.search(r'class="nbmon-timeline-scale".*>0\.00 s<', html)   # a time scale
+
+
+def test_history_has_no_gpu_columns_without_gpu_figures(ip):
+    with capture_output():
+        ip.run_cell_magic("resmon", "--no-gpu", "rm_b = 1")
+    assert not [c for c in nbmon.history().columns if "gpu" in c]
 
 
 # -- auto mode and unloading ---------------------------------------------------
@@ -304,6 +363,15 @@ def test_auto_mode_records_every_cell_until_off(ip):
     # started is stopped with it: no window stays open, no sampler runs
     assert SESSION.monitor.store._windows == []
     assert not SESSION.monitor.running
+
+
+def test_auto_mode_keeps_no_row_for_a_cell_below_the_threshold(ip):
+    with capture_output() as cap:
+        ip.run_line_magic("resmon", "auto on --threshold 5")
+        before = rows()
+        ip.run_cell("rm_c = 1")
+        ip.run_line_magic("resmon", "auto off")
+    assert rows() == before and oneliners(cap) == []
 
 
 def test_unload_removes_hooks_and_stops_every_thread(ip):

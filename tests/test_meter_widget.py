@@ -13,8 +13,8 @@ import anywidget
 import numpy as np
 import pytest
 import traitlets
-from comm.base_comm import BaseComm
 
+from helpers import RecordingComm
 from nbmon import catalog
 from nbmon.notebook.meter import FIELDS, FLOAT_TRAITS, METRICS, SLOTS, STATUSES, Meter, MeterFeed
 
@@ -30,21 +30,6 @@ EXPECTED_TRAITS = {
     **{name: traitlets.Float for name in METER_NAMES},
 }
 SCALARS = (traitlets.Float, traitlets.Int, traitlets.Unicode, traitlets.Bool)
-
-
-class RecordingComm(BaseComm):
-    """A comm that keeps what it would publish, standing in for the kernel."""
-
-    def __init__(self, **kwargs):
-        self.published = []
-        super().__init__(**kwargs)
-
-    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
-        # Through JSON, as the kernel would send it: NaN must not survive.
-        self.published.append((msg_type, json.loads(json.dumps(data, allow_nan=False))))
-
-    def updates(self):
-        return [data["state"] for kind, data in self.published if kind == "comm_msg" and data["method"] == "update"]
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ then exported to HTML with nbconvert."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -109,6 +110,12 @@ def test_quickstart_stop_freezes_the_dashboard(quickstart):
     (summary,) = html_outputs(stop)
     rows = summary_rows(summary)
     assert int(row(rows, "Samples")) >= 10 and mib(row(rows, "Peak RSS")) >= 150, rows
+
+
+def test_quickstart_keeps_no_plotly_bundle_in_widget_state(quickstart):
+    # headless runs store every widget's state: the dashboard's holds no plotly.js (it was 5.1 MB)
+    state = json.dumps(quickstart.metadata.get("widgets", {}))
+    assert len(state) < 300_000, len(state)
 
 
 def test_quickstart_exports_to_html_with_static_records(quickstart):

@@ -69,7 +69,8 @@ def test_ticks_land_exactly_on_the_grid():
     src = StubSource("src")
     sampler, rec, _ = run_fake([src], 40, interval=0.25, t0=1000.0)
     assert sampler.t_start == 1000.0 and src.started == 1000.0
-    assert rec.times == [1000.0 + 0.25 * k for k in range(1, 41)]
+    # The first row is the baseline, read at start: the run counts from it.
+    assert rec.times == [1000.0 + 0.25 * k for k in range(0, 40)]
     assert [w for _, w, _ in rec.rows] == [t + FakeTime.WALL_OFFSET for t in rec.times]
     assert src.times == rec.times  # each source is sampled at the row's time
 
@@ -77,7 +78,7 @@ def test_ticks_land_exactly_on_the_grid():
 def test_no_drift_over_many_ticks_of_an_inexact_interval():
     src = StubSource("src")
     _, rec, _ = run_fake([src], 5000, interval=0.1, t0=12345.678)
-    expected = 12345.678 + 0.1 * np.arange(1, 5001)
+    expected = 12345.678 + 0.1 * np.arange(0, 5000)
     assert np.max(np.abs(np.array(rec.times) - expected)) < 1e-9
 
 
@@ -85,10 +86,10 @@ def test_falling_behind_skips_ticks_instead_of_bursting():
     interval, t0 = 0.25, 1000.0
     ft_box = {}
 
-    def behave(call):
-        if call == 3:    # a source stuck for 3.5 intervals
+    def behave(call):   # call 1 is the baseline at start
+        if call == 4:    # a source stuck for 3.5 intervals
             ft_box["ft"].t += 3.5 * interval
-        if call == 6:    # a suspended machine: 100.5 intervals
+        if call == 7:    # a suspended machine: 100.5 intervals
             ft_box["ft"].t += 100.5 * interval
         return {"a": 1.0, "b": 2.0}
 
@@ -97,14 +98,14 @@ def test_falling_behind_skips_ticks_instead_of_bursting():
     ft_box["ft"] = ft
     rec = Recorder()
     sampler = Sampler([src], rec, interval, clock=ft.clock, wall=ft.wall,
-                      event=lambda: FakeEvent(ft), until=lambda: len(rec.rows) >= 9)
+                      event=lambda: FakeEvent(ft), until=lambda: len(rec.rows) >= 10)
     start(sampler)
     wait_until(lambda: not sampler._thread.is_alive(), timeout=DEADLINE_S, what="the run to end")
     assert sampler.stop()
     ks = [(t - t0) / interval for t in rec.times]
     # Ticks 4..6 fell inside the first stall (3 -> 6.5), 10..109 inside the
     # second (9 -> 109.5): skipped, and sampling resumes on the same grid.
-    assert ks == [1, 2, 3, 7, 8, 9, 110, 111, 112]
+    assert ks == [0, 1, 2, 3, 7, 8, 9, 110, 111, 112]
 
 
 def test_real_clock_thread_name_daemon_and_running():
@@ -140,7 +141,8 @@ def test_stop_before_start_and_twice():
 
 def test_until_ends_the_run_closes_sources_and_calls_on_finish():
     """until() says the run is over (the watched process exited): the row
-    read then describes an empty tree and is not stored; the thread ends."""
+    read then describes an empty tree and is not stored; the thread ends.
+    (The first row is the baseline, read at start.)"""
     a, b = StubSource("a"), StubSource("b", fields=("c",), values=(3.0,))
     finished = []
     ft = FakeTime()
@@ -154,7 +156,7 @@ def test_until_ends_the_run_closes_sources_and_calls_on_finish():
     assert finished == [True]
     assert (a.closed, b.closed) == (1, 1)
     assert a.calls == b.calls == 3
-    assert rec.times == [1000.5, 1001.0]
+    assert rec.times == [1000.0, 1000.5]
     assert sampler.stop() is True
     assert sampler.sample_now() is False and len(rec.rows) == 2
 
@@ -166,10 +168,10 @@ def test_sample_now_after_the_watched_process_exited_stores_nothing():
     sampler = Sampler([src], rec, 5.0, until=lambda: state["exited"])
     start(sampler)
     try:
-        assert sampler.sample_now() is True and len(rec.rows) == 1
+        assert sampler.sample_now() is True and len(rec.rows) == 2  # the baseline and this
         state["exited"] = True  # noticed by the next read, before the thread's own
         sampler.sample_now()
-        assert len(rec.rows) == 1
+        assert len(rec.rows) == 2
     finally:
         assert sampler.stop(timeout=DEADLINE_S)
 
@@ -427,8 +429,8 @@ def test_sample_now_calls_boundary_and_is_refused_when_not_running():
     start(sampler)
     try:
         assert sampler.sample_now() is True
-        assert src.boundaries == 1 and len(rec.rows) == 1
+        assert src.boundaries == 1 and len(rec.rows) == 2  # the baseline and this
     finally:
         assert sampler.stop(timeout=DEADLINE_S)
     assert sampler.sample_now() is False
-    assert len(rec.rows) == 1
+    assert len(rec.rows) == 2

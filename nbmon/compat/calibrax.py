@@ -197,6 +197,9 @@ class ResourceMonitor:
         t, _, cols = store.series([c for c in wanted if c in store.columns])
         nan = [NAN] * len(t)
         get = {c: cols[c].tolist() if c in cols else nan for c in wanted}
+        # The first sample is the baseline taken at start, with no interval to
+        # measure CPU over: 0.0, as calibrax's first psutil.cpu_percent() gives.
+        get["proc_cpu_percent"] = [0.0 if cpu != cpu else cpu for cpu in get["proc_cpu_percent"]]
         return [ResourceSample(timestamp=ts, cpu_percent=cpu, rss_mb=rss, gpu_util=known(gu),
                                gpu_mem_mb=known(gm), gpu_clock_mhz=known(gc),
                                gpu_power_w=known(gp))

@@ -32,7 +32,6 @@ class WorkerFeed:
         self.decoder: Decoder | None = None
         self.store: Store | None = None
         self.state = "live"          # or "gone" once the scheduler saw it leave
-        self.t_left = math.nan
         self.ended = False           # its last batch arrived (its sampler stopped)
 
     @property
@@ -52,7 +51,6 @@ class Collector:
         self.t0 = time.time() if t0 is None else t0
         self.feeds: dict[str, WorkerFeed] = {}
         self.seq = 0                 # changes a view has to draw (batches, joins, leaves)
-        self.batches = 0
         self.unread = 0              # batches that came before their worker's header, or did not fit it
         self.latency = collections.deque(maxlen=4096)   # arrival - newest sample, s
         self._lock = threading.Lock()
@@ -75,8 +73,7 @@ class Collector:
         arrived = time.time() if arrived is None else arrived
         with self._lock:
             if "left" in msg:
-                feed = self._feed(msg["left"])
-                feed.state, feed.t_left = "gone", arrived - self.t0
+                self._feed(msg["left"]).state = "gone"
             elif "joined" in msg:
                 self._feed(msg["joined"]).state = "live"
             elif "w" in msg:
@@ -107,7 +104,6 @@ class Collector:
         t = max(wall - self.t0, latest["t"] if latest else -math.inf)   # a clock step back
         feed.store.append(t, wall, row)
         feed.ended = feed.ended or bool(msg.get("end"))
-        self.batches += 1
         self.latency.append(arrived - wall)
 
     def samples_frame(self):

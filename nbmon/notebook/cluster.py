@@ -105,8 +105,7 @@ class ClusterView:
         self.stale_s = STALE_PERIODS * watch.every_s
         self.refreshes = self.skipped = self.errors = 0
         self.last_error: str | None = None
-        self.last_frame_bytes = self.max_frame_bytes = 0
-        self.last_refresh_s = 0.0
+        self.last_frame_bytes = 0
         self.frozen = False
         self._lock = threading.RLock()
         self._seq = -1
@@ -242,7 +241,6 @@ class ClusterView:
             if not force and seq == self._seq:
                 self.skipped += 1
                 return False
-            began = time.perf_counter()
             feeds = [f for f in self.collector.workers() if f.store is not None and len(f.store)]
             now = max([time.time() - self.collector.t0] + [f.store.latest()["t"] for f in feeds])
             # The axis fits the data until the window is full.
@@ -269,8 +267,6 @@ class ClusterView:
             self._seq = seq
             self.refreshes += 1
             self.last_frame_bytes = frame_bytes({i: p[1:] for i, p in enumerate(payload)})
-            self.max_frame_bytes = max(self.max_frame_bytes, self.last_frame_bytes)
-            self.last_refresh_s = time.perf_counter() - began
             return True
 
     def _grid_payload(self, feeds, edges) -> list:

@@ -52,7 +52,6 @@ RECORD_EVERY_S = 30.0      # the static record is re-sent this often (and at eac
 MARGIN_PX = 110            # title, legend and x axis around the rows
 LOADER = (pathlib.Path(__file__).parent / "static" / "dashboard.js").read_text(encoding="utf-8")
 _EMPTY = np.empty(0, dtype=np.float32)
-PUSH_AFTER_S = 0.5         # the bundle's push waits this long for the front end to listen
 _classes: dict[str, type] = {}
 _classes_lock = threading.Lock()
 _bundle_pushed = threading.Event()   # once per process: pages that missed it ask
@@ -353,6 +352,10 @@ class Dashboard:
         self._t0 = _origin(store)
         self._t_last = store.latest()["t"] if len(store) else -math.inf
 
+    def _latest(self) -> dict:
+        store = self.monitor.store
+        return store.latest_known() if store is not None else {}
+
     def _title(self, store) -> str:
         text = headline(store.latest_known())
         return text + " · stopped" if self.frozen else text
@@ -430,7 +433,9 @@ class Dashboard:
             if self._shown_empty and self._sampled():
                 self._counted(self.update_record)
             self._counted(self._build)
-        if self.widget is not None and not _bundle_pushed.is_set() and not stop.wait(PUSH_AFTER_S):
+        if self.widget is not None and not _bundle_pushed.is_set():
+            # At once: JupyterLab handles a comm's messages only once its model
+            # exists, and anywidget only once the front end's initialize() ran.
             _bundle_pushed.set()
             self._counted(self.widget.send_bundle)
         period = 1.0 / self.refresh_hz
@@ -498,5 +503,5 @@ class Dashboard:
     def _repr_mimebundle_(self, **kwargs):
         self._shown_empty = not self._sampled()
         return {"text/html": record_html(self.monitor, self.live_id),
-                "text/plain": f"nbmon live dashboard ({headline(self.monitor.latest())})"}
+                "text/plain": f"nbmon live dashboard ({headline(self._latest())})"}
 

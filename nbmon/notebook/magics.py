@@ -181,7 +181,7 @@ class ResmonMagics(Magics):
 
     def _cell_started(self, info) -> None:
         monitor = SESSION.monitor
-        if monitor is None or not monitor.running:
+        if monitor is None:
             return
         first = next((line.strip() for line in (info.raw_cell or "").splitlines() if line.strip()), "")
         self.cells.append({"id": uuid.uuid4().hex[:12], "n": self.shell.execution_count,

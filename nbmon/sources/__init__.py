@@ -8,6 +8,7 @@ made, for the sampler thread and the helper process alike.
 from __future__ import annotations
 
 from ..options import Options
+from .cgroup import Cgroup
 from .machine import Machine
 from .nvml import GPUs
 from .proctree import ProcessTree
@@ -17,11 +18,12 @@ class Sources:
     """The built-in sources of one run, in sampling order."""
 
     def __init__(self, pid: int, options: Options):
-        self.tree = ProcessTree(pid, children=options.children, exact_peak=options.exact_peak)
+        self.tree = ProcessTree(pid, children=options.children, exact_peak=options.exact_peak,
+                                adopt=options.adopt)
         self.gpus = GPUs(tree_pids=lambda: self.tree.pids) if options.gpu else None
         self.all = [self.tree]
         if options.system:
-            self.all.append(Machine())
+            self.all += [Machine(), Cgroup(pid)]
         if self.gpus is not None:
             self.all.append(self.gpus)
 
@@ -29,5 +31,5 @@ class Sources:
         """What the run could measure, once started: exact peaks, GPU state."""
         return {"peak_exact": self.tree.peak_exact,
                 "gpu_state": self.gpus.state if self.gpus else "off (gpu=False)",
-                "gpu_devices": len(self.gpus.devices) if self.gpus else 0}
+                "gpu_devices": self.gpus.count if self.gpus else 0}
 

@@ -94,6 +94,33 @@ def _number(text: str) -> float:
         return NAN
 
 
+def _ancestors(dirs: dict[str, str], controller: str):
+    """The controller's directory and its parents up to the hierarchy's root."""
+    path = dirs.get(controller)
+    while path:
+        yield path
+        parent = os.path.dirname(path)
+        if parent == path or not os.path.exists(os.path.join(parent, "cgroup.procs")):
+            return
+        path = parent
+
+
+def cpu_limit(dirs: dict[str, str]) -> float:
+    """The CPU quota in CPUs (quota / period; the smallest along the
+    hierarchy), NaN when there is none."""
+    quotas = []
+    for directory in _ancestors(dirs, "cpu"):
+        if dirs.get("cpu_version") == "2":
+            quota, _, period = _read(os.path.join(directory, "cpu.max")).partition(" ")
+        else:
+            quota = _read(os.path.join(directory, "cpu.cfs_quota_us"))
+            period = _read(os.path.join(directory, "cpu.cfs_period_us"))
+        q, p = _number(quota), _number(period)
+        if q == q and p == p and q > 0 and p > 0:  # "max" / -1: no quota here
+            quotas.append(q / p)
+    return min(quotas) if quotas else NAN
+
+
 class Cgroup:
     """Samples the cgroup limits of process ``pid``. ``dirs`` (for tests on
     a hierarchy that cannot exist here) overrides what /proc says."""
@@ -122,17 +149,7 @@ class Cgroup:
         return {"cgroup_mem_used_mb": self._memory_used() / MIB,
                 "cgroup_mem_limit_mb": self._memory_limit() / MIB,
                 "cgroup_oom_kills": self._oom_kills(),
-                "cgroup_cpu_limit_cpus": self._cpu_limit()}
-
-    def _ancestors(self, controller: str):
-        """The controller's directory and its parents up to the hierarchy's root."""
-        path = self.dirs.get(controller)
-        while path:
-            yield path
-            parent = os.path.dirname(path)
-            if parent == path or not os.path.exists(os.path.join(parent, "cgroup.procs")):
-                return
-            path = parent
+                "cgroup_cpu_limit_cpus": cpu_limit(self.dirs)}
 
     def _v2(self, controller: str) -> bool:
         return self.dirs.get(controller + "_version") == "2"
@@ -144,7 +161,7 @@ class Cgroup:
 
     def _memory_limit(self) -> float:
         name = "memory.max" if self._v2("memory") else "memory.limit_in_bytes"
-        limits = [_number(_read(os.path.join(d, name))) for d in self._ancestors("memory")]
+        limits = [_number(_read(os.path.join(d, name))) for d in _ancestors(self.dirs, "memory")]
         limits = [x for x in limits if x == x and x < _V1_UNLIMITED]  # "max" parses as NaN
         return min(limits) if limits else NAN
 
@@ -158,19 +175,6 @@ class Cgroup:
             if key == "oom_kill":
                 return _number(value)
         return NAN
-
-    def _cpu_limit(self) -> float:
-        quotas = []
-        for directory in self._ancestors("cpu"):
-            if self._v2("cpu"):
-                quota, _, period = _read(os.path.join(directory, "cpu.max")).partition(" ")
-            else:
-                quota = _read(os.path.join(directory, "cpu.cfs_quota_us"))
-                period = _read(os.path.join(directory, "cpu.cfs_period_us"))
-            q, p = _number(quota), _number(period)
-            if q == q and p == p and q > 0 and p > 0:  # "max" / -1: no quota here
-                quotas.append(q / p)
-        return min(quotas) if quotas else NAN
 
     def close(self) -> None:
         pass

@@ -1,10 +1,10 @@
 """Whole-machine figures: CPU, memory, swap, disk, network, load.
 
-CPU is read every sample (on Linux from /proc/stat through a kept-open
-descriptor). Memory, swap, disk, network and load are refreshed on a cadence
-(``slow_every_s``, default 1 s) and held in between: machine-wide memory
-moves slowly next to a process tree's, and /proc/meminfo would cost about as
-much as the whole CPU read. Rates are per second over that cadence.
+CPU and memory are read every sample (on Linux from /proc/stat and
+/proc/meminfo through kept-open descriptors). Disk, network and load are
+read on a cadence (``slow_every_s``, default 1 s, and at span boundaries);
+rates are per second over that cadence, and the samples between two reads
+carry NaN for them rather than an older value stamped with a newer time.
 """
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ class Machine:
         self._cpu_busy = self._cpu_total = NAN
         self._cpu_percent = NAN
         self._slow: dict[str, float] = {}
+        self._unread: dict[str, float] = {}
+        self._read_slow_next = False
         self._last_slow_t = -math.inf
         self._last_counters: tuple[float, ...] | None = None
 
@@ -60,6 +62,7 @@ class Machine:
         # vmstat's first line does, rather than nothing.
         self._cpu_percent = self._cpu_busy / self._cpu_total * 100.0 if self._cpu_total > 0 else NAN
         self._refresh_slow(now)
+        self._unread = dict.fromkeys(self._slow, NAN)
 
     def _cpu_times(self) -> tuple[float, float]:
         if self.use_proc:
@@ -109,12 +112,14 @@ class Machine:
             counters += [NAN, NAN]
         return counters
 
+    def boundary(self) -> None:
+        """Read the cadence figures in the next sample too."""
+        self._read_slow_next = True
+
     def _refresh_slow(self, now: float) -> None:
         import psutil
 
         counters = self._io_counters()
-        mem_total, mem_avail, swap_used = self._memory_mb()
-        used = mem_total - mem_avail
         dt = now - self._last_slow_t
         if self._last_counters is not None and dt > 0:
             rates = [(new - old) / dt for new, old in zip(counters, self._last_counters)]
@@ -131,11 +136,6 @@ class Machine:
         self._last_counters = tuple(counters)
         self._last_slow_t = now
         self._slow = {
-            "sys_mem_used_mb": used,
-            "sys_mem_available_mb": mem_avail,
-            "sys_mem_total_mb": mem_total,
-            "sys_mem_percent": used / mem_total * 100.0,
-            "sys_swap_used_mb": swap_used,
             "sys_disk_used_percent": disk_percent,
             **dict(zip(COUNTERS, counters)),
             **{f"{name}_per_s": rate for name, rate in zip(COUNTERS, rates)},
@@ -152,11 +152,19 @@ class Machine:
         if d_total > 0:
             self._cpu_percent = min(100.0, max(0.0, (busy - self._cpu_busy) / d_total * 100.0))
             self._cpu_busy, self._cpu_total = busy, total
-        cpu = self._cpu_percent
-        if now - self._last_slow_t >= self.slow_every_s:
+        if self._read_slow_next or now - self._last_slow_t >= self.slow_every_s:
+            self._read_slow_next = False
             self._refresh_slow(now)
-        values = self._slow.copy()
-        values["sys_cpu_percent"] = cpu
+            values = self._slow.copy()
+        else:
+            values = self._unread.copy()
+        mem_total, mem_avail, swap_used = self._memory_mb()
+        values["sys_cpu_percent"] = self._cpu_percent
+        values["sys_mem_used_mb"] = mem_total - mem_avail
+        values["sys_mem_available_mb"] = mem_avail
+        values["sys_mem_total_mb"] = mem_total
+        values["sys_mem_percent"] = (mem_total - mem_avail) / mem_total * 100.0
+        values["sys_swap_used_mb"] = swap_used
         return values
 
     def close(self) -> None:

@@ -233,6 +233,7 @@ class GPUs:
     def __init__(self, tree_pids=lambda: ()):
         self.tree_pids = tree_pids
         self.devices: list[_Device] = []
+        self.count = 0     # devices of the last start(), still known after close()
         self.fields: tuple[str, ...] = ()
         self.note = ""
 
@@ -260,6 +261,7 @@ class GPUs:
                     self.devices.append(_Device(pynvml, index))
                 except pynvml.NVMLError as err:
                     self.note = f"GPU {index}: {_reason(pynvml, err)}"
+        self.count = len(self.devices)
         if not self.devices:
             self.fields = ()
             return

@@ -3,6 +3,16 @@
 On Linux the tree is read straight from /proc through file descriptors kept
 open between samples; elsewhere (and when /proc is unusable) through psutil.
 Every figure is a float, NaN where unknown. Units are in the field names.
+
+Peak RSS of the tree (``proc_rss_peak_mb``) is the highest the tree's RSS
+can have been within the interval before the sample. Every process that ran
+in the interval (its CPU clock moved) gives its own high-water mark since
+the previous sample (the kernel's VmHWM, shared with every other nbmon
+reader: :mod:`.peaks`); a process that did not run cannot have grown, and
+its RSS at the interval's start stands for it. For one process this is
+exact. For a tree it is at least the true peak and at most the true peak
+plus what the tree's processes released within that one interval (each
+process's own peak is exact, but they need not have coincided).
 """
 from __future__ import annotations
 
@@ -13,13 +23,18 @@ import time
 from typing import NamedTuple
 
 from .. import catalog
+from .cgroup import cgroup_dirs, cpu_limit
+from .peaks import PeakMark
 from .procfs import pread
 
 NAN = math.nan
 MIB = 1024.0 * 1024.0
-CLEAR_REFS_RESET_PEAK = b"5"  # proc(5): "5" resets the peak RSS (VmHWM) to the current RSS
-
 _LOGICAL_CPUS = os.cpu_count() or 1
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+# nbmon's own helper processes (the process backend's sampler): never part of
+# a watched tree, though they are children of the process they watch.
+EXCLUDED: set[int] = set()
 
 
 def _cpu_clock_id(pid: int) -> int:
@@ -29,12 +44,22 @@ def _cpu_clock_id(pid: int) -> int:
     return ((~pid) << 3) | 2
 
 
+def allowed_cpus(pid: int, cgroup: dict[str, str]) -> float:
+    """The CPUs ``pid`` may use: its affinity, capped by its cgroup's CPU quota."""
+    try:
+        cpus = float(len(os.sched_getaffinity(pid)))
+    except (OSError, AttributeError):  # gone, or no affinity API (macOS)
+        cpus = float(_LOGICAL_CPUS)
+    quota = cpu_limit(cgroup)
+    return min(cpus, quota) if quota == quota else cpus
+
+
 class _LinuxProc:
     """Kept-open /proc descriptors of one process of the tree."""
 
-    __slots__ = ("pid", "parent", "stat_fd", "statm_fd", "children_fd", "io_fd", "clock",
-                 "own_s", "children_s", "threads", "rss_pages", "read_bytes", "write_bytes",
-                 "exited")
+    __slots__ = ("pid", "parent", "stat_fd", "statm_fd", "children_fd", "io_fd", "clock", "mark",
+                 "own_s", "ran", "children_s", "threads", "rss_pages", "start_pages",
+                 "read_bytes", "write_bytes", "exited", "started_s")
 
     def __init__(self, pid: int, parent: int | None):
         self.pid = pid
@@ -57,12 +82,16 @@ class _LinuxProc:
         except OSError:  # another user's process: /proc/<pid>/io needs ptrace rights
             self.io_fd = -1
         self.clock = _cpu_clock_id(pid)
+        self.mark: PeakMark | None = None
         self.own_s = self.children_s = 0.0
+        self.ran = True            # used CPU since the previous read (unknown at first: yes)
         self.threads = 0.0
         self.rss_pages = 0.0
+        self.start_pages = 0.0     # RSS at the start of the current interval
         self.read_bytes = NAN
         self.write_bytes = NAN
         self.exited = False
+        self.started_s = NAN       # seconds after boot
 
     @property
     def cpu_s(self) -> float:
@@ -70,10 +99,13 @@ class _LinuxProc:
 
     def read(self) -> None:
         """Refresh own CPU and RSS; raises OSError once the process is gone."""
+        self.start_pages = self.rss_pages
         try:
-            self.own_s = time.clock_gettime_ns(self.clock) * 1e-9
+            own_s = time.clock_gettime_ns(self.clock) * 1e-9
+            self.ran = own_s != self.own_s
+            self.own_s = own_s
         except OSError:  # a zombie has no clock left: read_stat() keeps its final times
-            pass
+            self.ran = False
         # The statm fd is bound to this process even if its pid is reused: a
         # successful read after the clock proves the clock was this process's.
         statm = pread(self.statm_fd, 256)
@@ -82,15 +114,16 @@ class _LinuxProc:
         if not statm.startswith(b"0 "):
             self.rss_pages = float(statm.split(b" ", 2)[1])
 
-    def read_stat(self, tick_s: float) -> None:
-        """Refresh threads and the CPU of reaped children (cutime + cstime),
-        which only change when a child is reaped: read on a cadence."""
+    def read_stat(self) -> None:
+        """Refresh threads, start time and the CPU of reaped children (cutime +
+        cstime), which only changes when a child is reaped: read on a cadence."""
         stat = pread(self.stat_fd, 1024)
         fields = stat[stat.rindex(b")") + 2:].split(b" ", 20)
-        self.children_s = (int(fields[13]) + int(fields[14])) * tick_s
+        self.children_s = (int(fields[13]) + int(fields[14])) * _TICK_S
         self.threads = float(fields[17])
+        self.started_s = int(fields[19]) * _TICK_S
         if fields[0] == b"Z":
-            self.own_s = (int(fields[11]) + int(fields[12])) * tick_s
+            self.own_s = (int(fields[11]) + int(fields[12])) * _TICK_S
             self.rss_pages = 0.0  # a zombie holds no memory
             # Exited, only waiting to be reaped (a zombie leader whose other
             # threads still run shows more than one thread).
@@ -115,21 +148,33 @@ class _LinuxProc:
             return []
         return [int(p) for p in pread(self.children_fd, 65536).split()]
 
-    def all_thread_child_pids(self) -> list[int]:
-        pids = []
-        for tid in os.listdir(f"/proc/{self.pid}/task"):
-            try:
-                with open(f"/proc/{self.pid}/task/{tid}/children", "rb") as f:
-                    pids.extend(int(p) for p in f.read().split())
-            except OSError:  # the thread exited while we listed
-                continue
-        return pids
-
     def close(self) -> None:
         for fd in (self.stat_fd, self.statm_fd, self.children_fd, self.io_fd):
             if fd >= 0:
                 os.close(fd)
         self.stat_fd = self.statm_fd = self.children_fd = self.io_fd = -1
+        if self.mark is not None:
+            self.mark.close()
+            self.mark = None
+
+    def abandon(self) -> None:
+        """A forked child's copy: close the fds, leave the shared marks alone."""
+        if self.mark is not None:
+            self.mark.abandon()
+            self.mark = None
+        self.close()
+
+
+def all_thread_child_pids(pid: int) -> list[int]:
+    """Children of every thread of ``pid`` (/proc/<pid>/task/*/children)."""
+    pids = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                pids.extend(int(p) for p in f.read().split())
+        except OSError:  # the thread exited while we listed
+            continue
+    return pids
 
 
 class ProcessTree:
@@ -142,25 +187,34 @@ class ProcessTree:
     CPU time counts every process of the tree, including time a child used
     before it was discovered and children that already exited and were reaped
     by a tree member (the kernel moves their time into the parent's
-    cutime/cstime).
+    cutime/cstime). A process found late (a child of a non-main thread is
+    found by the walk every ``slow_every_s``) adds its earlier CPU time to
+    ``proc_cpu_time_s`` but shows in the CPU % only at the rate it really ran
+    since it started: a CPU % is never more than the processes could use.
+    CPU % is of one CPU (100 = one core); ``proc_cpu_norm_percent`` is of the
+    CPUs the root may use (its affinity, capped by its cgroup's CPU quota).
 
-    Every sample reads each process's CPU clock and RSS, and the root's
-    reaped-children time. Slower-moving figures are refreshed every
-    ``slow_every_s`` and at :meth:`boundary`: a full walk for new children,
-    threads, I/O, and the root's exact peak RSS -- the kernel's high-water mark
-    (VmHWM, reset through /proc/<pid>/clear_refs after each read), so a spike
-    shorter than the interval is still caught, in the sample that reads it.
-    ``peak_exact`` says whether that works here or peaks are sampled.
+    Every sample reads each process's CPU clock and RSS, the high-water mark
+    of each process that ran (see the module's docstring), and the root's
+    reaped-children time. Threads and I/O are read every ``slow_every_s``
+    and at :meth:`boundary` (NaN in the samples in between), with a full
+    walk for new children. ``peak_exact`` says whether high-water marks
+    can be read here or peaks are sampled.
+
+    ``adopt=True`` (for ``nbmon run``, which makes itself the subreaper of
+    what it starts) counts this process's other children too: processes the
+    command orphaned, which the kernel hands to us instead of init.
     """
 
     name = "process tree"
 
     def __init__(self, pid: int | None = None, *, children: bool = True,
                  exact_peak: bool = True, slow_every_s: float = 1.0,
-                 use_proc: bool | None = None):
+                 use_proc: bool | None = None, adopt: bool = False):
         self.pid = os.getpid() if pid is None else int(pid)
         self.fields = catalog.names(catalog.TREE)
         self.children = children
+        self.adopt = adopt
         self.slow_every_s = slow_every_s
         if use_proc is None:
             use_proc = sys.platform.startswith("linux") and os.path.exists(f"/proc/{self.pid}/stat")
@@ -168,6 +222,8 @@ class ProcessTree:
         self._want_exact_peak = exact_peak and use_proc
         self.peak_exact = False
         self.gone = 0            # processes of the tree that disappeared since start()
+        self.cpus = float(_LOGICAL_CPUS)
+        self._cgroup: dict[str, str] = {}
         self._last_t = NAN
         self._last_cpu_s = NAN
         self._start_cpu_s = NAN
@@ -186,20 +242,27 @@ class ProcessTree:
     def root_alive(self) -> bool:
         return self._backend.root_alive
 
+    @property
+    def alive(self) -> bool:
+        """The root lives, or (adopting) any process of the tree does."""
+        return self._backend.root_alive or (self.adopt and bool(self._backend.pids()))
+
     def start(self, now: float | None = None) -> None:
         """Open the tree and prime the CPU baseline. Raises ProcessLookupError
         if the pid does not exist."""
         now = time.monotonic() if now is None else now
         self._backend.open()
-        self.peak_exact = self._want_exact_peak and self._backend.reset_peak()
-        cpu_s = self._backend.refresh(now, slow=True)
+        self.peak_exact = self._want_exact_peak and self._backend.open_marks()
+        self._cgroup = cgroup_dirs(self.pid)
+        self.cpus = allowed_cpus(self.pid, self._cgroup)
+        cpu_s, _ = self._backend.refresh(now, 0.0, slow=True)
         self._last_t = self._last_slow_t = now
         self._last_cpu_s = self._start_cpu_s = cpu_s
         self._cpu_carry_s = 0.0
 
     def boundary(self) -> None:
-        """Make the next sample a full one (exact peak read and reset), so that
-        a span starting or ending there has the exact peak of its own."""
+        """Make the next sample a full one (threads, I/O, a full walk), so that
+        a span starting or ending there has them of its own."""
         self._last_slow_t = -math.inf
 
     def sample(self, now: float) -> dict[str, float]:
@@ -207,41 +270,40 @@ class ProcessTree:
         slow = now - self._last_slow_t >= self.slow_every_s
         if slow:
             self._last_slow_t = now
+            self.cpus = allowed_cpus(self.pid, self._cgroup)
+        dt = now - self._last_t
+        cpu_s, backfill_s = b.refresh(now, dt, slow=slow)
         # Never backwards: a child's CPU is read in ns while it lives, but once
         # reaped it moves into its parent's cutime in whole 10 ms ticks, so the
         # total can dip by up to a tick (below 0 early in a run, which the
         # sampler rejects as a fault). The dip is made up when the tick comes.
-        cpu_s = max(b.refresh(now, slow=slow), self._last_cpu_s)
-        dt = now - self._last_t
-        # CPU found late (a child discovered after it ran) cannot have been
-        # used within one interval: show at most every CPU busy and carry the
-        # rest into the next intervals, so that the mean stays exact.
-        used_s = cpu_s - self._last_cpu_s + self._cpu_carry_s
-        shown_s = min(max(used_s, 0.0), dt * _LOGICAL_CPUS) if dt > 0 else 0.0
-        self._cpu_carry_s = used_s - shown_s
+        cpu_s = max(cpu_s, self._last_cpu_s)
+        # What a late-found process used before this interval is in the CPU
+        # time but not in this interval's %; the rest is capped at every
+        # allowed CPU busy, any excess carried to the next intervals.
+        used_s = cpu_s - self._last_cpu_s - backfill_s + self._cpu_carry_s
+        shown_s = min(max(used_s, 0.0), dt * self.cpus) if dt > 0 else 0.0
+        self._cpu_carry_s = max(used_s - shown_s, 0.0)
         cpu_percent = shown_s / dt * 100.0 if dt > 0 else NAN
         self._last_t, self._last_cpu_s = now, cpu_s
-        rss_mb = b.rss_mb()
-        peak_mb = rss_mb
-        if slow and self.peak_exact:
-            root_peak = b.root_peak_mb()
-            if root_peak == root_peak:  # not NaN
-                peak_mb = max(rss_mb, rss_mb - b.root_rss_mb() + root_peak)
-                b.reset_peak()
         return {
             "proc_cpu_percent": cpu_percent,
-            "proc_cpu_norm_percent": cpu_percent / _LOGICAL_CPUS,
+            "proc_cpu_norm_percent": cpu_percent / self.cpus,
             "proc_cpu_time_s": cpu_s - self._start_cpu_s,
-            "proc_rss_mb": rss_mb,
-            "proc_rss_peak_mb": peak_mb,
-            "proc_threads": b.threads(),
+            "proc_rss_mb": b.rss_mb(),
+            "proc_rss_peak_mb": b.peak_mb(),
+            "proc_threads": b.threads() if slow else NAN,
             "proc_count": float(b.count()),
-            "proc_read_bytes": b.io_total("read_bytes"),
-            "proc_write_bytes": b.io_total("write_bytes"),
+            "proc_read_bytes": b.io_total("read_bytes") if slow else NAN,
+            "proc_write_bytes": b.io_total("write_bytes") if slow else NAN,
         }
 
     def close(self) -> None:
         self._backend.close()
+
+    def abandon(self) -> None:
+        """In a forked child: drop the fds, leave the shared peak marks to the parent."""
+        self._backend.abandon()
 
 
 class _ProcBackend:
@@ -253,12 +315,13 @@ class _ProcBackend:
         self.tree = tree
         self.procs: dict[int, _LinuxProc] = {}
         self.retained_cpu_s = 0.0   # CPU of gone processes that no tree member reaped
+        self.gone_pages = 0.0       # RSS at the interval's start of processes gone in it
         self.root_alive = False
         self.root_is_self = tree.pid == os.getpid()
-        self.tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
         self.page_mb = os.sysconf("SC_PAGE_SIZE") / MIB
-        self._status_fd = -1
-        self._clear_refs_fd = -1
+        self.pages_per_kb = 1024.0 / os.sysconf("SC_PAGE_SIZE")
+        self._marks = False
+        self._peak_pages = 0.0
 
     def pids(self) -> tuple[int, ...]:
         return tuple(self.procs)
@@ -266,47 +329,41 @@ class _ProcBackend:
     def open(self) -> None:
         pid = self.tree.pid
         try:
-            self.procs[pid] = _LinuxProc(pid, None)
+            root = self.procs[pid] = _LinuxProc(pid, None)
         except FileNotFoundError:
             raise ProcessLookupError(f"no process with pid {pid}") from None
+        root.read_stat()
         self.root_alive = True
-        self._status_fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            self._clear_refs_fd = os.open(f"/proc/{pid}/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
-        except OSError:  # another user's process, or a kernel without clear_refs
-            self._clear_refs_fd = -1
 
-    def reset_peak(self) -> bool:
-        """Reset the root's VmHWM to its current RSS."""
-        if self._clear_refs_fd < 0:
-            return False
-        try:
-            os.write(self._clear_refs_fd, CLEAR_REFS_RESET_PEAK)
-            return True
-        except OSError:
-            return False
+    def open_marks(self) -> bool:
+        """Join the shared high-water mark of every process of the tree; False
+        (peaks sampled) when the root's cannot be read and reset here."""
+        root = self.procs[self.tree.pid]
+        mark = PeakMark(root.pid)
+        self._marks = mark.open()
+        if self._marks:
+            root.mark = mark
+        return self._marks
 
-    def root_peak_mb(self) -> float:
-        try:
-            status = pread(self._status_fd, 4096)
-        except OSError:
-            return NAN
-        at = status.find(b"VmHWM:")
-        if at < 0:  # a kernel thread or a zombie has no mm
-            return NAN
-        return float(status[at + 6:status.index(b"kB", at)]) / 1024.0
+    def _join(self, proc: _LinuxProc) -> float:
+        """Join a newly found process's mark; its peak (pages) before we joined."""
+        mark = PeakMark(proc.pid)
+        if not mark.open():
+            return 0.0
+        proc.mark = mark
+        return mark.joined_kb * self.pages_per_kb if mark.joined_kb == mark.joined_kb else 0.0
 
-    def root_rss_mb(self) -> float:
-        root = self.procs.get(self.tree.pid)
-        return root.rss_pages * self.page_mb if root else 0.0
-
-    def refresh(self, now: float, *, slow: bool) -> float:
-        tick_s, root = self.tick_s, self.tree.pid
+    def refresh(self, now: float, dt: float, *, slow: bool) -> tuple[float, float]:
+        """Read the tree as of ``now``, ``dt`` after the previous read: (its
+        CPU seconds, of which used before this interval by processes found
+        now). The interval's peak is kept for :meth:`peak_mb`."""
+        root = self.tree.pid
         gone = []
+        self.gone_pages = 0.0
         for proc in list(self.procs.values()):
             try:
                 if slow:
-                    proc.read_stat(tick_s)
+                    proc.read_stat()
                 elif proc.pid == root:
                     # Children the root reaps show up in its cutime at once
                     # (short-lived ones are never seen themselves).
@@ -314,21 +371,48 @@ class _ProcBackend:
                         t = os.times()  # this process: no /proc read needed
                         proc.children_s = t.children_user + t.children_system
                     else:
-                        proc.read_stat(tick_s)
+                        proc.read_stat()
                 proc.read()
             except OSError:
                 gone.append(proc)
         vanished = {proc.pid for proc in gone}
         for proc in gone:
+            self.gone_pages += proc.rss_pages
             self._forget(proc, vanished)
         if root in self.procs and self.procs[root].exited:
             self.root_alive = False
-        if self.tree.children and self.procs:
-            self._find_children(thorough=slow)
+        peak_pages = self._interval_peak()
+        backfill_s = 0.0
+        if self.tree.children and (self.procs or self.tree.adopt):
+            for proc in self._find_children(thorough=slow):
+                backfill_s += self._backfill_s(proc, dt)
+                peak_pages += max(proc.rss_pages, self._join(proc) if self._marks else 0.0)
+        self._peak_pages = peak_pages
         if slow:
             for proc in self.procs.values():
                 proc.read_io()
-        return self.retained_cpu_s + sum(p.own_s + p.children_s for p in self.procs.values())
+        return self.retained_cpu_s + sum(p.own_s + p.children_s for p in self.procs.values()), backfill_s
+
+    def _interval_peak(self) -> float:
+        """Pages: each known process's highest RSS within the interval."""
+        total = self.gone_pages
+        for proc in self.procs.values():
+            top = max(proc.start_pages, proc.rss_pages)
+            if proc.ran and proc.mark is not None:
+                kb = proc.mark.take_kb()
+                if kb == kb:
+                    top = max(top, kb * self.pages_per_kb)
+            total += top
+        return total
+
+    @staticmethod
+    def _backfill_s(proc: _LinuxProc, dt: float) -> float:
+        """What a process found now used before the last ``dt`` seconds: its
+        CPU spread evenly over its life, from its start time."""
+        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - proc.started_s
+        if not age_s > dt > 0:  # born within the interval: all of it is the interval's
+            return 0.0
+        return proc.cpu_s * (1.0 - dt / age_s)
 
     def _forget(self, proc: _LinuxProc, vanished=()) -> None:
         del self.procs[proc.pid]
@@ -344,36 +428,49 @@ class _ProcBackend:
         try:
             if parent is not None:
                 # Reaped by a live tree member: its time moved to the parent's cutime.
-                parent.read_stat(self.tick_s)
+                parent.read_stat()
                 return
         except OSError:
             pass
         self.retained_cpu_s += proc.cpu_s
 
-    def _find_children(self, thorough: bool) -> None:
+    def _find_children(self, thorough: bool) -> list[_LinuxProc]:
+        """Add the processes new to the tree; returns them."""
         known = self.procs
+        found = []
         queue = list(known.values())
+        if self.tree.adopt:  # orphans handed to us, the subreaper
+            queue.append(None)
         while queue:
             parent = queue.pop()
             try:
-                pids = parent.all_thread_child_pids() if thorough else parent.child_pids()
+                if parent is None:
+                    pids, parent_pid = all_thread_child_pids(os.getpid()), None
+                else:
+                    pids = all_thread_child_pids(parent.pid) if thorough else parent.child_pids()
+                    parent_pid = parent.pid
             except OSError:
                 continue
             for pid in pids:
-                if pid in known:
+                if pid in known or pid in EXCLUDED:
                     continue
                 try:
-                    child = _LinuxProc(pid, parent.pid)
-                    child.read_stat(self.tick_s)
+                    child = _LinuxProc(pid, parent_pid)
+                    child.read_stat()
                     child.read()
                 except OSError:  # exited between the listing and the open
                     continue
                 child.read_io()
                 known[pid] = child
+                found.append(child)
                 queue.append(child)
+        return found
 
     def rss_mb(self) -> float:
         return sum(p.rss_pages for p in self.procs.values()) * self.page_mb
+
+    def peak_mb(self) -> float:
+        return max(self._peak_pages * self.page_mb, self.rss_mb())
 
     def threads(self) -> float:
         return sum(p.threads for p in self.procs.values())
@@ -388,10 +485,11 @@ class _ProcBackend:
         for proc in self.procs.values():
             proc.close()
         self.procs.clear()
-        for fd in (self._status_fd, self._clear_refs_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._status_fd = self._clear_refs_fd = -1
+
+    def abandon(self) -> None:
+        for proc in self.procs.values():
+            proc.abandon()
+        self.procs.clear()
 
 
 class _PsReading(NamedTuple):
@@ -429,17 +527,19 @@ class _PsutilBackend:
         self.procs = {root.pid: root}
         self.root_alive = True
 
-    def reset_peak(self) -> bool:
+    def open_marks(self) -> bool:
         return False
 
-    def refresh(self, now: float, *, slow: bool) -> float:
+    def refresh(self, now: float, dt: float, *, slow: bool) -> tuple[float, float]:
         ps = self.psutil
+        found = []
         if slow and self.tree.children:
             try:
                 for child in self.procs[self.tree.pid].children(recursive=True):
-                    if child.pid not in self.procs:
+                    if child.pid not in self.procs and child.pid not in EXCLUDED:
                         self.procs[child.pid] = child
                         self.parents[child.pid] = child.ppid()
+                        found.append(child)
             except (ps.NoSuchProcess, ps.AccessDenied, KeyError):
                 pass
         vanished = []
@@ -477,17 +577,21 @@ class _PsutilBackend:
             parent = self.parents.pop(pid, None)
             if last and parent not in self.procs and parent not in vanished:
                 self.retained_cpu_s += last.cpu_s
-        return self.retained_cpu_s + sum(v.cpu_s for v in self.values.values())
+        backfill_s = 0.0
+        for child in found:  # as the /proc backend: spread over the child's life
+            try:
+                age_s = time.time() - child.create_time()
+            except (ps.NoSuchProcess, ps.AccessDenied):
+                continue
+            if child.pid in self.values and age_s > dt > 0:
+                backfill_s += self.values[child.pid].cpu_s * (1.0 - dt / age_s)
+        return self.retained_cpu_s + sum(v.cpu_s for v in self.values.values()), backfill_s
 
     def rss_mb(self) -> float:
         return sum(v.rss_bytes for v in self.values.values()) / MIB
 
-    def root_rss_mb(self) -> float:
-        root = self.values.get(self.tree.pid)
-        return root.rss_bytes / MIB if root else 0.0
-
-    def root_peak_mb(self) -> float:
-        return NAN
+    def peak_mb(self) -> float:
+        return self.rss_mb()
 
     def threads(self) -> float:
         return sum(v.threads for v in self.values.values())
@@ -501,3 +605,5 @@ class _PsutilBackend:
     def close(self) -> None:
         self.procs.clear()
         self.values.clear()
+
+    abandon = close
