@@ -37,6 +37,7 @@ const STYLE_ID = "nbmon-live-style";
 const CSS = `
 .nbmon-live-record.nbmon-live-mounted > .nbmon-live-static { display: none; }
 .nbmon-live-view { width: 100%; min-width: 0; }
+.nbmon-live-record.nbmon-live-stale > .nbmon-live-view { opacity: 0.45; }
 .nbmon-live-note {
   font: 12px var(--jp-ui-font-family, system-ui, sans-serif);
   color: var(--jp-warn-color0, #b26b00);
@@ -186,7 +187,29 @@ class Live {
     });
     this.onVisibility = () => !document.hidden && this.drawAll();
     document.addEventListener("visibilitychange", this.onVisibility);
+    // No frame for a while: the kernel is gone, restarting, or holds the GIL in C code.
+    this.heard = performance.now();
+    this.watch = setInterval(() => this.markStale(performance.now() - this.heard > this.nbmon.stale_s * 1000), 1000);
     LIVE.set(this.id, this);
+  }
+
+  markStale(stale) {
+    for (const view of this.views.values()) {
+      const record = view.record;
+      if (!record) continue;
+      record.classList.toggle("nbmon-live-stale", stale);
+      const note = record.querySelector(':scope > [data-nbmon="disconnected"]');
+      if (stale && !note) {
+        const div = document.createElement("div");
+        div.className = "nbmon-live-note";
+        div.dataset.nbmon = "disconnected";
+        div.textContent = `nbmon: no data from the kernel since ${new Date().toLocaleTimeString()} ` +
+          "(disconnected, restarting, or busy in code that holds the GIL); the chart is not live";
+        record.prepend(div);
+      } else if (!stale && note) {
+        note.remove();
+      }
+    }
   }
 
   scan() {
@@ -242,6 +265,7 @@ class Live {
     if (!msg) return;
     if (msg.type === "nbmon:stopped") this.stopped = true;
     if (msg.type !== "nbmon:append") return;
+    this.heard = performance.now();
     const data = this.model.get("_widget_data");
     const layout = this.model.get("_widget_layout");
     const window = this.nbmon.window;
@@ -329,6 +353,7 @@ class Live {
 
   dispose() {
     this.disposed = true;
+    clearInterval(this.watch);
     this.observer.disconnect();
     this.themeObserver.disconnect();
     document.removeEventListener("visibilitychange", this.onVisibility);
@@ -338,8 +363,9 @@ class Live {
       const record = view.record;
       this.removeView(view);
       if (!record) continue;
-      record.classList.remove("nbmon-live-mounted");
-      if (!this.stopped && !record.querySelector(":scope > .nbmon-live-note")) {
+      record.classList.remove("nbmon-live-mounted", "nbmon-live-stale");
+      record.querySelector(':scope > [data-nbmon="disconnected"]')?.remove();
+      if (!this.stopped) {
         // The kernel went away without stopping: say so above its last record.
         const note = document.createElement("div");
         note.className = "nbmon-live-note";

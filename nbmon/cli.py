@@ -275,15 +275,17 @@ def _with_exit_usage(summary: ResourceSummary, exit_: _Exit, t_start: float, chi
     single process's (ru_maxrss, when it is above ``own_peak_kb``)."""
     duration = max(summary.duration_sec, exit_.t - t_start)
     cpu_s = summary.cpu_time_sec or 0.0
-    if children:  # the accounts include reaped descendants, which children=False leaves out
-        cpu_s = max(cpu_s, exit_.cpu_s)
-    changes = {"duration_sec": duration, "cpu_time_sec": cpu_s,
-               "mean_cpu_percent": cpu_s / duration * 100.0 if duration > 0 else summary.mean_cpu_percent}
     peak_mb = exit_.peak_kb / 1024.0
-    if exit_.peak_kb > own_peak_kb and peak_mb > summary.peak_rss_mb:
-        changes["peak_rss_mb"] = peak_mb
-    elif summary.peak_rss_mb == 0.0:  # gone before its first reading: no process runs in 0 bytes
-        changes["peak_rss_exact"] = False
+    changes = {}
+    # The accounts include the reaped descendants, which children=False leaves out.
+    if children:
+        cpu_s = max(cpu_s, exit_.cpu_s)
+        if exit_.peak_kb > own_peak_kb and peak_mb > summary.peak_rss_mb:
+            changes["peak_rss_mb"] = peak_mb
+    if summary.peak_rss_mb == 0.0 and "peak_rss_mb" not in changes:
+        changes["peak_rss_exact"] = False  # gone before its first reading: no process runs in 0 bytes
+    changes.update(duration_sec=duration, cpu_time_sec=cpu_s,
+                   mean_cpu_percent=cpu_s / duration * 100.0 if duration > 0 else summary.mean_cpu_percent)
     return dataclasses.replace(summary, **changes)
 
 

@@ -71,8 +71,8 @@ class Sampler:
     def prime(self) -> None:
         """Open the sources and take their baselines; fixes :attr:`fields`.
         The baseline is also the run's first sample, at :attr:`t_start`
-        (rates unknown there), handed to the sink by :meth:`launch`: what
-        happens right after start() counts from it."""
+        (rates unknown there; sources not ``caller_safe`` NaN), handed to the
+        sink by :meth:`launch`: what happens right after start() counts from it."""
         self.t_start = now = self.clock()
         opened = []
         try:
@@ -90,7 +90,8 @@ class Sampler:
             fields.extend(names)
             at += len(names)
         self.fields = tuple(fields)
-        self._first = (now, self.wall(), self.read(now))
+        row = self.read(now, caller=True)
+        self._first = (now, self.wall(), row)
 
     def launch(self) -> None:
         """Hand the baseline sample to the sink and start the thread on primed sources."""
@@ -175,9 +176,15 @@ class Sampler:
                 except Exception as err:
                     self.faults.record(self.sink, err)
 
-    def read(self, now: float) -> np.ndarray:
+    def read(self, now: float, *, caller: bool = False) -> np.ndarray:
+        """One row. With ``caller`` (read by the caller's thread, not the
+        sampler's), only sources marked ``caller_safe`` are read: nbmon's own
+        /proc readers cannot get stuck, a user's source or a lost GPU can."""
         values: list = []
         for source, cols, values_of in self._slices:
+            if caller and not getattr(source, "caller_safe", False):
+                values.extend([NAN] * (cols.stop - cols.start))
+                continue
             try:
                 values.extend(values_of(source.sample(now)))
             except Exception as err:  # a source must never take the thread down
@@ -224,6 +231,9 @@ class Sampler:
         tick = 1
         try:
             while True:
+                if self.until is not None and self.until():  # (possibly at the baseline already)
+                    stop.set()
+                    break
                 next_t = t_start + tick * interval  # not summed: no rounding drift
                 delay = next_t - clock()
                 if (delay > 0 and stop.wait(delay)) or stop.is_set():
@@ -236,9 +246,6 @@ class Sampler:
                         self.step(now)
                     except Exception as err:  # a failing sink must not end sampling either
                         self.faults.record(self.sink, err)
-                if self.until is not None and self.until():
-                    stop.set()
-                    break
                 # Fell behind (suspended, GIL held, a slow source): skip the
                 # missed ticks, never burst, and stay on the same grid.
                 tick = max(tick + 1, math.floor((clock() - t_start) / interval) + 1)

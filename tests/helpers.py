@@ -129,11 +129,14 @@ class StubSource:
     ``stuck_on``-th call, and every call once ``stick_from_now`` is set,
     blocks until ``release`` is set (10 s at most), setting ``entered``
     first. Records each call's time and thread, when it was started and how
-    often closed."""
+    often closed. ``caller_safe``: the sampler may read it from the caller's
+    thread for the run's baseline (a source that can get stuck must say no)."""
 
     def __init__(self, name: str = "stub", fields=("a", "b"), values=None, *, behave=None,
-                 faulty=None, stuck_on: int | None = None, release: threading.Event | None = None):
+                 faulty=None, stuck_on: int | None = None, release: threading.Event | None = None,
+                 caller_safe: bool = True):
         self.name = name
+        self.caller_safe = caller_safe
         self.fields = tuple(fields)
         self.values = dict(zip(self.fields, values if values is not None else
                                [float(k) for k in range(1, len(self.fields) + 1)]))

@@ -174,9 +174,9 @@ CLI_CASES = [
     ("interval-tiny", ["run", "--interval", "1e-400", "--", *MARK_CMD], [], 2,
      "error: " + POSITIVE.format("1e-400"), "'1e-400'"),
     ("demo-interval", ["demo", "--interval", "0"], [], 2, "error: " + POSITIVE.format("0"), "'0'"),
-    ("no-subcommand", [], [], 2, "error: missing subcommand; use one of: run, demo", None),
+    ("no-subcommand", [], [], 2, "error: missing subcommand; use one of: run, demo, report", None),
     ("bad-subcommand", ["frobnicate"], [], 2,
-     "error: unknown subcommand 'frobnicate'; use one of: run, demo", "'frobnicate'"),
+     "error: unknown subcommand 'frobnicate'; use one of: run, demo, report", "'frobnicate'"),
     ("unknown-option", ["run", "--bogus", "--", *MARK_CMD], [], 2, "error: unrecognized arguments: --bogus",
      "--bogus"),
     ("no-command", ["run"], [], 2, "error: " + MISSING, None),
@@ -303,7 +303,8 @@ def _cases():
     cases.append(("Monitor-pid-2**40", lambda: (lambda: Monitor(pid=2**40), ValueError,
                                                f"no process with pid {2**40} exists", str(2**40))))
     # Refused by start(), after the sources were opened: they must be closed again.
-    width = len(catalog.names(catalog.TREE)) + len(catalog.names(catalog.MACHINE)) + 2  # + monotonic and wall time
+    width = sum(len(catalog.names(source)) for source in (catalog.TREE, catalog.MACHINE, catalog.CGROUP)) + 2
+    # (+ monotonic and wall time)
     cases.append(("Monitor-max-bytes-too-small", lambda: (
         lambda: Monitor(max_bytes=100, gpu=False).start(), ValueError,
         f"max_bytes must hold at least 128 samples ({128 * 8 * width} bytes for {width - 2} columns), got 100",

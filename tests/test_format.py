@@ -122,7 +122,7 @@ def test_summary_rows_use_the_rules():
         "Mean RSS": "1.0 GiB",
         "CPU mean / peak": "100 % / 250 %",
         "GPU util mean": "87.3 %",
-        "GPU memory peak (device)": "40.0 GiB",
+        "GPU memory peak (all GPUs)": "40.0 GiB",
         "GPU memory peak (this tree)": MISSING,
         "GPU power mean": "250 W",
         "Samples": "1000",

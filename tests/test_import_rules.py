@@ -29,7 +29,7 @@ MODULES = sorted(dotted(p) for p in PACKAGE.rglob("*.py"))
 # layers. A module may import only modules listed before it.
 LAYERS = (
     "values", "catalog", "options", "format", "render", "faults",
-    "sources.procfs", "sources.peaks", "sources.proctree", "sources.machine", "sources.cgroup",
+    "sources.procfs", "sources.peaks", "sources.cgroup", "sources.proctree", "sources.machine",
     "sources.nvml", "sources",
     "sampler", "helper", "store", "summary", "senders", "consumers", "tables", "monitor",
     "notebook.frames", "notebook.charts", "notebook.meter", "notebook.dashboard",

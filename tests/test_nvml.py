@@ -279,7 +279,8 @@ def test_process_memory_counts_only_the_monitored_tree(fake_gpu, child):
     try:
         # The child is found at start (nbmon's tree is this process and its children).
         assert {os.getpid(), child.pid} <= set(mon.sources.tree.pids)
-        latest = wait_until(lambda: mon.latest() or None, timeout=20.0, what="a sample")
+        # (The baseline at start leaves NVML out: it is read from the sampler's thread only.)
+        latest = wait_until(lambda: mon.store.seq > 1 and mon.latest(), timeout=20.0, what="a sample")
     finally:
         mon.stop()
     assert latest["gpu0_proc_mem_mb"] == 150.0

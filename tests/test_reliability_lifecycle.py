@@ -218,7 +218,7 @@ def Sleepy(release: threading.Event, stuck_on: int | None = 3) -> StubSource:
     ``stick_from_now`` is set) sleeps 10 s, cut short by ``release``; its
     value is the call's number, so a row from the stuck call is recognisable."""
     return StubSource("sleepy", ("sleepy_call",), behave=lambda call: {"sleepy_call": float(call)},
-                      stuck_on=stuck_on, release=release)
+                      stuck_on=stuck_on, release=release, caller_safe=False)
 
 
 class BlockingCSV(CSVSender):

@@ -53,6 +53,7 @@ class Script:
 
     name = "script"
     fields = COLUMNS
+    caller_safe = True  # its first row is the run's baseline
 
     def __init__(self, rows, stalls, ft: FakeTime):
         self.rows, self.stalls, self.ft = rows, stalls, ft
@@ -123,7 +124,7 @@ def expected_summary(t, walls, rows, t_open) -> ResourceSummary:
         duration_sec=ref["duration"],
         mean_cpu_percent=mean_cpu,
         peak_cpu_percent=known(ref["max"][cpu]),
-        cpu_time_sec=None if mean_cpu is None else mean_cpu / 100.0 * ref["duration"],
+        cpu_time_sec=None,  # read from proc_cpu_time_s (the clocks), which these rows lack
         peak_rss_exact=False,
         start_time=walls[0] - (t[0] - t_open),
         end_time=walls[-1],
@@ -186,9 +187,9 @@ def test_sampled_window_equals_a_numpy_reference_over_every_sample(schedule):
     rejected = int(negative.any(axis=0).sum())  # one fault per row with a negative value
     assert {name: f.count for name, f in sampler.faults.items()} == ({"script": rejected} if rejected else {})
 
-    # The schedule: the first sample an interval after the start, time never going back.
+    # The schedule: the first sample (the baseline) at the start, time never going back.
     # (Never two at one instant either, but that fails: see the test below.)
-    assert np.all(np.diff(t) >= 0) and t[0] >= sampler.t_start + interval - 1e-9 * max(1.0, t0)
+    assert np.all(np.diff(t) >= 0) and t[0] == sampler.t_start
     assert store.seq == m and store.nbytes <= max_bytes
     assert len(store) <= store.capacity + store.coarse_capacity
 
@@ -216,7 +217,7 @@ def test_a_late_wake_up_onto_the_grid_takes_one_sample_not_two():
         assert done.wait(RUN_DEADLINE_S)
     finally:
         assert sampler.stop() is True
-    assert source.times[:2] == [57.1, 57.2] and source.times[2] == pytest.approx(57.4)
+    assert source.times[:3] == [57.0, 57.1, 57.2] and source.times[3] == pytest.approx(57.4)
     assert np.all(np.diff(source.times) > 0), source.times  # got [57.1, 57.2, 57.4, 57.4, 57.5]
 
 
@@ -239,7 +240,7 @@ class Precomputed:
     ``hits``: how often each row was given, so far."""
 
     name = "precomputed"
-    fields = SOAK_COLUMNS
+    fields = SOAK_COLUMNS   # not caller_safe: the run's baseline row is NaN, weighs nothing
 
     def __init__(self):
         j = np.arange(PERIOD, dtype=float)
@@ -336,7 +337,7 @@ def test_a_million_samples_at_full_speed_stay_bounded_and_exact():
             self.append(t, wall, row)
             if self.store.seq % CHECK_EVERY == 0:
                 stats = self.window.stats()
-                checkpoints.append((self.store.seq, stats, source.reference(self.store.seq),
+                checkpoints.append((self.store.seq, stats, source.reference(self.store.seq - 1),
                                     self.store.nbytes, len(self.store), frames_fit(self.store)))
 
     sampler, store, window, sink, done = prepare(source, INTERVAL, ft, lambda: FakeEvent(ft), N, SOAK_MAX_BYTES,
@@ -357,12 +358,12 @@ def test_a_million_samples_at_full_speed_stay_bounded_and_exact():
     rss_after = rss()
 
     assert sampler.faults == {}, sampler.faults  # every checkpoint passed its own asserts too
-    assert store.seq == N and source.i == N
+    assert store.seq == N and source.i == N - 1  # and the baseline
     assert counts == sorted(counts)
     assert [c[0] for c in checkpoints] == list(range(CHECK_EVERY, N + 1, CHECK_EVERY))
     for seq, stats, ref, nbytes, held, _ in checkpoints:
         assert stats.count == seq
-        assert stats.duration == seq * INTERVAL
+        assert stats.duration == (seq - 1) * INTERVAL  # the first sample is the baseline, at start
         np.testing.assert_array_equal(stats.n, ref["n"])
         np.testing.assert_array_equal(stats.mean(), ref["mean"])  # exact, not close
         np.testing.assert_array_equal(stats.max, ref["max"])
@@ -371,10 +372,10 @@ def test_a_million_samples_at_full_speed_stay_bounded_and_exact():
         assert nbytes <= SOAK_MAX_BYTES and held <= store.capacity + store.coarse_capacity
 
     stats = window.close()
-    ref = source.reference(N)
+    ref = source.reference(N - 1)
     np.testing.assert_array_equal(stats.mean(), ref["mean"])
     summary = summarize(stats, peak_exact=False)
-    assert summary.num_samples == N and summary.duration_sec == N * INTERVAL
+    assert summary.num_samples == N and summary.duration_sec == (N - 1) * INTERVAL  # the first is at start
     assert summary.peak_rss_mb == 5000.0  # one sample in a million, long since decimated
     assert summary.mean_rss_mb == ref["mean"][0] and summary.mean_cpu_percent == ref["mean"][2]
     assert summary.memory_growth_mb == ref["last"][0] - ref["first"][0]

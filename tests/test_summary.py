@@ -67,7 +67,8 @@ def test_to_dict_writes_the_gpu_fields_always_and_the_other_optionals_when_known
     assert d == {"peak_rss_mb": 512.0, "mean_rss_mb": 300.5, "peak_gpu_mem_mb": None, "mean_gpu_util": None,
                  "memory_growth_mb": -12.25, "num_samples": 42, "duration_sec": 4.2}
     assert list(d) == CALIBRAX_FIELDS[:7]
-    assert list(full().to_dict()) == [f.name for f in dataclasses.fields(ResourceSummary)]
+    assert list(full().to_dict()) == [f.name for f in dataclasses.fields(ResourceSummary)
+                                      if getattr(full(), f.name) is not None]
     # from_dict reads it, and the form without them that nbmon wrote before.
     without = {k: v for k, v in d.items() if v is not None}
     assert ResourceSummary.from_dict(d) == ResourceSummary.from_dict(without) == ResourceSummary(**REQUIRED)
@@ -171,6 +172,20 @@ def window_stats(columns, rows, dt=0.5, t_open=0.0):
     return window.close()
 
 
+def test_cpu_time_is_read_from_the_clocks_and_the_mean_follows_it():
+    """CPU time is the clocks' column's growth over the window (from its
+    baseline), not a mean of rates times the duration: CPU counted but shown
+    in no % (a process found late) is in it, and the mean CPU % is it."""
+    store = Store(["proc_cpu_percent", "proc_cpu_time_s"])
+    store.append(10.0, 1.7e9, [math.nan, 2.0])          # the run's baseline
+    window = store.open_window(10.0, baseline=True)
+    for i, (pct, cum) in enumerate([(100.0, 2.5), (50.0, 3.5), (0.0, 3.5)], start=1):
+        store.append(10.0 + 0.5 * i, 1.7e9 + 0.5 * i, [pct, cum])  # 0.5 s more than 50 % shows
+    s = summarize(window.close())
+    assert s.cpu_time_sec == pytest.approx(1.5) and s.duration_sec == pytest.approx(1.5)
+    assert s.mean_cpu_percent == pytest.approx(100.0) and s.peak_cpu_percent == 100.0
+
+
 def test_summarize_a_cpu_only_window():
     cols = ["proc_cpu_percent", "proc_rss_mb", "proc_rss_peak_mb", "gpu_util_percent", "gpu_mem_used_mb"]
     nan = math.nan
@@ -181,7 +196,7 @@ def test_summarize_a_cpu_only_window():
     assert s.mean_rss_mb == pytest.approx(140.0)
     assert s.memory_growth_mb == 20.0
     assert s.mean_cpu_percent == pytest.approx(50.0) and s.peak_cpu_percent == 100.0
-    assert s.cpu_time_sec == pytest.approx(0.75)
+    assert s.cpu_time_sec is None   # read from the CPU clocks' column only, which this window lacks
     assert s.peak_gpu_mem_mb is None and s.mean_gpu_util is None   # no GPU: None, never NaN
     assert s.peak_rss_exact is True
     assert s.start_time == pytest.approx(1.7e9) and s.end_time == pytest.approx(1.7e9 + 1.5)

@@ -65,6 +65,7 @@ class ProfilerSource:
     """
 
     name = "gpu_profiler"
+    caller_safe = True  # asked for the run's baseline too, as calibrax users expect every sample filled
     fields = ("gpu_util_percent", "gpu_mem_used_mb", "gpu_sm_clock_mhz", "gpu_power_w")
 
     def __init__(self, profiler: GPUProfilerProtocol):

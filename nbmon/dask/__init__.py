@@ -10,8 +10,9 @@ samples its own process tree (the worker and the processes its tasks
 start) with the local monitor's rules -- exact peak RSS, nanosecond CPU
 clocks -- and only the GPUs its ``CUDA_VISIBLE_DEVICES`` lets it use; the
 machine is sampled once per host. Workers send one batch a second (min,
-max and mean of every field) as Dask events; workers that join later are
-watched too, and ones that leave stay in the view with a marker.
+max and mean of every field; on clusters of 50 workers and more, every 1.5
+Dask heartbeats) as Dask events; workers that join later are watched too,
+and ones that leave stay in the view with a marker.
 
 While a cluster is watched, ``%%resmon`` also summarises the cell on every
 worker, from exact spans opened and closed on the workers at the cell's
@@ -50,7 +51,8 @@ def watch(client, options: Options | None = None, *, every_s: float = 1.0,
     """Watch every worker of ``client``'s cluster; returns the Watch (display
     it for a live view). ``options`` / ``settings`` as for a Monitor
     (``interval``, ``gpu``, ``children``, ``system``: the machine, once per
-    host). ``every_s`` seconds between a worker's batches (at least 1);
+    host). ``every_s`` seconds between a worker's batches (at least 1; more
+    on large clusters, as Dask spaces its heartbeats out);
     ``worker_max_bytes`` bounds the notebook's store of each worker.
     Watching the cluster already watched returns its Watch."""
     global _watch

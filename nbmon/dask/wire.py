@@ -1,7 +1,8 @@
 """What a worker sends about itself: one small message per period.
 
 A worker samples at the monitor's interval (10 Hz by default) and sends,
-every ``every_s`` (1 s), one *batch*: per field of its store the minimum,
+every second (less often on large clusters: see
+:data:`~nbmon.dask.worker.HEARTBEATS_PER_BATCH`), one *batch*: per field of its store the minimum,
 maximum and mean over the samples taken since the last batch (float32,
 packed as bytes: msgpack carries them as one binary blob), and for
 cumulative counters (catalog kind COUNTER) the last value (float64, they

@@ -38,6 +38,11 @@ from .wire import HEADER_EVERY, Encoder
 MIB = 1024.0 * 1024.0
 NAN = math.nan
 TAKEOVER_S = 2.0   # how often a host's other processes try to take the machine over
+# A batch every 1.5 heartbeats at least. Dask spaces heartbeats out as the
+# cluster grows (0.5 s up to 10 workers, 2 s up to 200, n/200 + 1 s beyond),
+# so that the scheduler's load stays bounded: nbmon's events follow, at
+# two thirds of the heartbeats' rate (benchmarks/RESULTS_CLUSTER.md).
+HEARTBEATS_PER_BATCH = 1.5
 
 
 def _lock_dir() -> str:
@@ -128,7 +133,8 @@ class _Hub:
     """The monitor of one process for one watch, and its batches."""
 
     def __init__(self, topic: str, options: Options, every_s: float, send):
-        self.topic, self.every_s, self.send = topic, every_s, send
+        self.topic, self.send = topic, send
+        self.least_every_s = self.every_s = every_s   # every_s: read by the consumer thread before each call
         self.machine = HostMachine(topic) if options.system else None
         self.monitor = Monitor(os.getpid(), Options.of(options, system=False, backend="thread"),
                                extra_sources=[self.machine] if self.machine else [],
@@ -138,7 +144,7 @@ class _Hub:
         self.host = socket.gethostname()
         self._encoder: Encoder | None = None
         self._cursor = 0
-        self._headed: dict[str, bool] = {}   # worker -> the `machine` flag its last header said
+        self._headed: dict[str, tuple] = {}   # worker -> what its last header said that can change
         self._lock = threading.Lock()
 
     def add(self, worker) -> None:
@@ -171,8 +177,14 @@ class _Hub:
         return {"host": self.host, "name": str(worker.name), "pid": os.getpid(),
                 "limit_mb": limit / MIB if limit else None,
                 "spill": fraction("memory_spill_fraction"), "pause": fraction("memory_pause_fraction"),
-                "machine": self.machine is not None and self.machine.elected,
+                "machine": self.machine is not None and self.machine.elected, "period_s": self.every_s,
                 "peak_exact": bool(self.monitor.peak_exact), "gpu": self.monitor.gpu_state}
+
+    def _pace(self, workers) -> None:
+        """The batch period: every_s, or more when Dask spaces heartbeats out."""
+        beats = [getattr(w, "periodic_callbacks", {}).get("heartbeat") for w in workers]
+        beat_s = max((b.callback_time / 1000.0 for b in beats if b is not None), default=0.0)
+        self.every_s = max(self.least_every_s, HEARTBEATS_PER_BATCH * beat_s)
 
     # -- consumer of the monitor's store --------------------------------------
     def consume(self, store, final: bool) -> None:
@@ -180,16 +192,17 @@ class _Hub:
         if not len(t):
             return
         batch = self._encoder.encode(wall, rows, end=final)
-        elected = self.machine is not None and self.machine.elected
-        if batch["s"] % HEADER_EVERY == 0:
-            self._headed.clear()
         with self._lock:
             workers = list(self.workers.items())
+        self._pace(worker for _, worker in workers)
+        changing = (self.machine is not None and self.machine.elected, self.every_s)
+        if batch["s"] % HEADER_EVERY == 0:
+            self._headed.clear()
         for address, worker in workers:
             msg = dict(batch, w=address)
-            if self._headed.get(address) is not elected:
+            if self._headed.get(address) != changing:
                 msg["h"] = self._encoder.header(self._about(worker))
-                self._headed[address] = elected
+                self._headed[address] = changing
             self.send(worker, self.topic, msg)
 
     def close(self) -> None:

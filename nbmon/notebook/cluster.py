@@ -102,7 +102,6 @@ class ClusterView:
             raise ValueError(f"refresh_hz must be at most 4, got {refresh_hz!r}")
         self.watch, self.collector = watch, watch.collector
         self.window_s, self.refresh_hz = float(window_s), float(refresh_hz)
-        self.stale_s = STALE_PERIODS * watch.every_s
         self.refreshes = self.skipped = self.errors = 0
         self.last_error: str | None = None
         self.last_frame_bytes = 0
@@ -243,12 +242,13 @@ class ClusterView:
                 return False
             feeds = [f for f in self.collector.workers() if f.store is not None and len(f.store)]
             now = max([time.time() - self.collector.t0] + [f.store.latest()["t"] for f in feeds])
+            period = max([self.watch.every_s] + [f.about.get("period_s", 0.0) for f in feeds])
             # The axis fits the data until the window is full.
-            lo = max(now - self.window_s, min([f.store.t_start for f in feeds], default=now) - self.watch.every_s)
+            lo = max(now - self.window_s, min([f.store.t_start for f in feeds], default=now) - period)
             if not self.compact and len(feeds) >= COMPACT_AT:
                 self._go_compact(len(feeds))
             edges = np.linspace(lo, now, GRID_POINTS)
-            payload, rss_now = self._grid_payload(feeds, edges)
+            payload, rss_now = self._grid_payload(feeds, edges, STALE_PERIODS * period)
             if not self.compact:
                 budget = (MAX_FRAME_BYTES - frame_bytes({i: p[1:] for i, p in enumerate(payload)})) \
                     // (8 * len(self.rows) * max(1, len(feeds)))
@@ -269,12 +269,13 @@ class ClusterView:
             self.last_frame_bytes = frame_bytes({i: p[1:] for i, p in enumerate(payload)})
             return True
 
-    def _grid_payload(self, feeds, edges) -> list:
+    def _grid_payload(self, feeds, edges, stale_s: float) -> tuple[list, float]:
         """The cluster's totals and, in the compact view, the workers' bands:
-        at each of ``edges``, each worker's latest value (sample and hold).
+        at each of ``edges``, each worker's latest value (sample and hold, for
+        at most ``stale_s``).
         Each worker's store is read once, for the columns drawn. Also returns
         the largest RSS of a worker now."""
-        t_from = edges[0] - self.stale_s
+        t_from = edges[0] - stale_s
         x = edges.astype(np.float32)
         devices: dict[str, dict] = {}   # row key -> {(host, device index): (worker, column)}
         read = {}
@@ -292,7 +293,7 @@ class ClusterView:
             read[f.address] = (t, values)
 
         def matrix(pairs):
-            return held([(read[a][0], read[a][1][c]) for a, c in pairs if c in read[a][1]], edges, self.stale_s)
+            return held([(read[a][0], read[a][1][c]) for a, c in pairs if c in read[a][1]], edges, stale_s)
 
         payload, rss_now = [], 0.0
         for k, (row, trace) in enumerate(zip(self.rows, self._totals)):

@@ -63,7 +63,7 @@ def _columns_of(monitor) -> list[str]:
         return list(monitor.store.columns)
     columns = list(catalog.names(catalog.TREE))
     if monitor.options.system:
-        columns += catalog.names(catalog.MACHINE)
+        columns += catalog.names(catalog.MACHINE) + catalog.names(catalog.CGROUP)
     return columns
 
 
@@ -97,14 +97,15 @@ def _make_widget_class() -> type:
 
     class FigureWidget(go.FigureWidget):  # the same name: callers check it
         """plotly's FigureWidget with nbmon's front end (js/dashboard.js):
-        plotly's bundle is sent on request, never as widget state, and the
-        view sends no echo of updates back."""
+        plotly's bundle travels as a custom message (pushed once per
+        process, and on request), never as widget state, and the view sends
+        no echo of updates back."""
 
         _esm = LOADER
         # What the front end needs from the start, in the widget's first state:
         # bundle (plotly's version), id (of the record to mount into), window
         # (seconds shown), traces ([{index, column, unit}]: the streamed ones),
-        # cells (bands at creation).
+        # cells (bands at creation), stale_s (silence that marks it not live).
         _nbmon = traitlets.Dict().tag(sync=True)
 
         def __init__(self, figure=None, nbmon: dict | None = None):
@@ -333,6 +334,7 @@ class Dashboard:
         with self._lock:
             store = self.monitor.store
             traces = [k for k, trace in enumerate(fig.data) if trace.meta != "cells"]
+            self.columns = [fig.data[k].meta for k in traces]   # the store's, once it has one
             if store is not None and len(store):
                 self._attach(store)
                 frame = build_frame(store, self.columns, self.window_s, self.budget_per_trace, origin=self._t0)
@@ -342,8 +344,10 @@ class Dashboard:
                 fig.layout.title.text = self._title(store)
             else:
                 fig.layout.title.text = "waiting for samples…"
+            # No frame for stale_s seconds: the front end marks the chart as not live.
+            stale_s = max(5.0, 3 * self.monitor.interval + 2 / self.refresh_hz)
             self.widget = _widget_class()(fig, nbmon={
-                "id": self.live_id, "window": self.window_s, "cells": self._cell_updates(),
+                "id": self.live_id, "window": self.window_s, "cells": self._cell_updates(), "stale_s": stale_s,
                 "traces": [{"index": k, "column": c, "unit": catalog.unit_of(c)} for k, c in zip(traces, self.columns)]})
 
     def _attach(self, store) -> None:

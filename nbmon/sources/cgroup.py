@@ -126,6 +126,7 @@ class Cgroup:
     a hierarchy that cannot exist here) overrides what /proc says."""
 
     name = "cgroup"
+    caller_safe = True  # reads /proc and /sys only: cannot get stuck
 
     def __init__(self, pid: int | None = None, *, slow_every_s: float = 1.0, dirs: dict[str, str] | None = None):
         self.pid = os.getpid() if pid is None else pid

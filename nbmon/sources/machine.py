@@ -28,6 +28,7 @@ class Machine:
     every interface but loopback."""
 
     name = "machine"
+    caller_safe = True  # reads /proc and /sys only: cannot get stuck
 
     def __init__(self, *, disk_path: str = "/", slow_every_s: float = 1.0,
                  use_proc: bool | None = None):

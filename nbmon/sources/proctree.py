@@ -207,6 +207,7 @@ class ProcessTree:
     """
 
     name = "process tree"
+    caller_safe = True  # reads /proc and /sys only: cannot get stuck
 
     def __init__(self, pid: int | None = None, *, children: bool = True,
                  exact_peak: bool = True, slow_every_s: float = 1.0,
