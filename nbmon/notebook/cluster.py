@@ -44,6 +44,35 @@ LINE_FROM = 0.5          # a memory threshold is drawn once a worker's RSS reach
 _EMPTY = np.empty(0, dtype=np.float32)
 
 
+_widget_classes: list = []
+
+
+def _widget(fig):
+    """A FigureWidget of ``fig`` whose comm opens with the figure in it.
+    plotly opens the comm with an empty figure and sends the figure in a
+    second message; a front end that draws the view between the two shows
+    an empty chart for good (seen in JupyterLab, now and then)."""
+    if not _widget_classes:
+        import plotly.graph_objects as go
+        import traitlets
+
+        class FigureWidget(go.FigureWidget):
+            def __init__(self, figure):
+                self._nbmon_first = figure.to_plotly_json()
+                super().__init__(figure)
+
+            @traitlets.default("_widget_data")
+            def _first_data(self):
+                return self._nbmon_first["data"]
+
+            @traitlets.default("_widget_layout")
+            def _first_layout(self):
+                return self._nbmon_first["layout"]
+
+        _widget_classes.append(FigureWidget)
+    return _widget_classes[0](fig)
+
+
 def _title(row) -> str:
     return f"{row.short} {catalog.unit_of(row.headline)}"
 
@@ -113,8 +142,6 @@ class ClusterView:
         self._lines: tuple = ()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        import plotly.graph_objects as go
-
         known = [f for f in self.collector.workers() if f.decoder is not None]
         columns = {c for f in known for c in f.decoder.columns}
         self.rows = [row for row in ROWS if row.headline in columns or row.key in ("cpu", "memory")]
@@ -127,7 +154,7 @@ class ClusterView:
         else:
             for k, feed in enumerate(known):
                 self._add_worker(fig, feed, PALETTE[k % len(PALETTE)])
-        self.widget = go.FigureWidget(fig)
+        self.widget = _widget(fig)
         self._index(known)
         if start:
             self.start()
