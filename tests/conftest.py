@@ -73,6 +73,10 @@ def ip(ipython):
     ipython.display_formatter.active_types = list(ipython.display_formatter.format_types)
     with capture_output():
         ipython.run_line_magic("load_ext", "nbmon")
+    # Loading warms plotly up on a background thread; let it finish, or its
+    # imports would open and close files under the tests' snapshots.
+    wait_until(lambda: not [t for t in nbmon_threads() if t.name == "nbmon-warmup"], timeout=60.0,
+               what="the plotly warm-up to end")
     yield ipython
     with capture_output():
         ipython.run_line_magic("unload_ext", "nbmon")

@@ -31,7 +31,7 @@ import nbmon
 import nbmon.monitor
 import nbmon.notebook.magics
 import nbmon.sources.nvml
-from helpers import StubSource, gone_pid
+from helpers import StubSource, gone_pid, wait_until
 from nbmon import AbstractBackendSender, Monitor, ResourceMonitor, ResourceSummary, SystemMonitor, catalog
 from nbmon.notebook.session import SESSION
 from test_cli import NBMON
@@ -148,6 +148,10 @@ def test_magics_while_a_monitor_runs(in_tmp, ip):
         ip.run_line_magic("resmon", "--interval 0.05 --no-gpu")
     monitor = SESSION.monitor
     assert monitor.running
+    # The dashboard builds its chart on its own thread (reading plotly's files):
+    # the snapshots compare its steady state.
+    dashboard = nbmon.notebook.magics._loaded[id(ip)].dashboards[0][0]
+    wait_until(lambda: dashboard.widget is not None and dashboard.refreshes > 0, what="the chart to be built")
     for magic, line, named, message in MAGIC_CASES:
         assert_magic_refused(ip, magic, line, named, message)
     assert SESSION.monitor is monitor and monitor.running and monitor.interval == 0.05
