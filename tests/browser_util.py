@@ -163,6 +163,14 @@ NOTIFICATION_SETTINGS = ("@jupyterlab/apputils-extension", "notification.jupyter
                          {"fetchNews": "false", "checkForUpdates": False})
 
 
+def _die_with_parent() -> None:
+    """In the server's child before exec: SIGTERM when the test process dies,
+    so a killed test run leaves no server (and no kernels) behind."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class JupyterLab:
     """A real ``jupyter lab`` server in a subprocess, with its own config,
     runtime and (when safe) data directories under ``base``."""
@@ -218,7 +226,7 @@ class JupyterLab:
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command(), cwd=self.root, env=self.env(),
                                      stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
 
         def up():
             if self.proc.poll() is not None:

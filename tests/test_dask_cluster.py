@@ -136,7 +136,8 @@ def test_pinned_allocation_shows_on_that_worker_only(cluster, watched):
     # The allocation lasted a fraction of a second: only the exact peak (the
     # kernel's high-water mark, read on the worker) is sure to have it.
     assert peak_a >= 0.95 * done["held_mb"], (peak_a, done)
-    assert grown_b < 50, grown_b
+    # b's own memory may still be settling early in its life: not by the 300 MiB, though
+    assert grown_b < done["grew_mb"] / 2, grown_b
     assert feeds[a].about["peak_exact"] is True
     assert feeds[a].host == feeds[b].host == os.uname().nodename
     assert watched.collector.unread == 0   # every batch came after its worker's header, and fitted it
