@@ -96,7 +96,7 @@ def bench_frames(builds: int) -> None:
 def bench_refresh(builds: int) -> None:
     from comm.base_comm import BaseComm
 
-    from nbmon.monitor import Monitor
+    from nbmon.engine import Monitor
     from nbmon.notebook.dashboard import Dashboard
 
     class CountingComm(BaseComm):

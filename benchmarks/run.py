@@ -26,7 +26,7 @@ import psutil
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from nbmon.monitor import Monitor  # noqa: E402
+from nbmon.engine import Monitor  # noqa: E402
 from nbmon.options import Options  # noqa: E402
 from nbmon.sampler import Sampler  # noqa: E402
 from nbmon.sources import Sources  # noqa: E402

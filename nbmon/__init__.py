@@ -7,13 +7,11 @@ IPython, plotly, pandas or pynvml until a feature needs them.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Monitor": "monitor",
+    "Monitor": "engine",
     "Options": "options",
     "Consumer": "consumers",
     "SampleForwarder": "consumers",
@@ -32,42 +30,17 @@ _LAZY = {
     "JSONLinesSender": "senders",
     "CallbackSender": "senders",
     "NVMLProfiler": "sources.nvml",
+    "monitor": "notebook.session",
     "history": "notebook.session",
     "samples": "notebook.session",
     "last_summary": "notebook.session",
     "read_ranks": "ranks",
 }
 
-__all__ = sorted([*_LAZY, "monitor"]) + ["load_ipython_extension", "unload_ipython_extension"]
-
-
-class _EngineModule(types.ModuleType):
-    """``nbmon.monitor`` is two things under one name: the engine's module
-    (``nbmon.monitor.Monitor``) and, called, the notebook's monitor
-    (:func:`nbmon.notebook.session.monitor`: ``nbmon.monitor(consumers=[...])``).
-    Were it a plain attribute, whichever was bound last would win, and which
-    one that is would depend on what had been imported before."""
-
-    def __call__(self, *args, **kwargs):
-        from .notebook.session import monitor
-
-        return monitor(*args, **kwargs)
-
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value) -> None:
-        # The import system binds the submodule here as it is first imported.
-        if name == "monitor" and type(value) is types.ModuleType:
-            value.__class__ = _EngineModule
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+__all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]
 
 
 def __getattr__(name: str):
-    if name == "monitor":
-        return importlib.import_module(".monitor", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'nbmon' has no attribute {name!r}")

@@ -29,7 +29,7 @@ import time
 import warnings
 
 from . import ranks
-from .monitor import Monitor
+from .engine import Monitor
 from .options import DEFAULT_INTERVAL_S, Options, check_interval
 from .senders import CSVSender, JSONLinesSender
 from .summary import ResourceSummary

@@ -23,7 +23,7 @@ def main() -> int:
     import torch
 
     import nbmon.sources.nvml
-    from nbmon.monitor import Monitor
+    from nbmon.engine import Monitor
 
     if not torch.cuda.is_available() or not nbmon.sources.nvml.init():
         print(f"no usable GPU: torch.cuda.is_available()={torch.cuda.is_available()}, "

@@ -233,7 +233,7 @@ def csv_rows(path) -> tuple[list[str], list[list[str]]]:
 _WRITER_CHILD = """
     import sys, time
     from nbmon.consumers import SampleForwarder
-    from nbmon.monitor import Monitor
+    from nbmon.engine import Monitor
     from nbmon import senders
     sender = getattr(senders, sys.argv[2])(sys.argv[1])
     Monitor(interval=0.005, gpu=False, consumers=[SampleForwarder(sender, every_s=0.01)]).start()
@@ -269,7 +269,7 @@ _DISK_FULL_CHILD = """
     import json, resource, sys, time
     from nbmon import senders
     from nbmon.consumers import SampleForwarder
-    from nbmon.monitor import Monitor
+    from nbmon.engine import Monitor
 
     path, sender, limit, failures, more = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # SIGXFSZ is ignored: EFBIG

@@ -7,7 +7,7 @@ the notebook's history and monitor unchanged, and the command or cell that
 would have left a mark file never ran.
 
 Some cases are also in the per-module suites (test_cli, test_magics,
-test_summary, test_seed_*, test_monitor); this module is the single table
+test_summary, test_seed_*, test_engine); this module is the single table
 over the whole surface. Shared helpers come from helpers.py and conftest.py
 (the IPython shell: the ``ip`` fixture); a few constants from those suites.
 """
@@ -28,7 +28,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import nbmon
-import nbmon.monitor
+import nbmon.engine
 import nbmon.notebook.magics
 import nbmon.sources.nvml
 from helpers import StubSource, gone_pid, wait_until
@@ -59,7 +59,7 @@ def world() -> dict:
         "children": sorted(p.pid for p in psutil.Process().children(recursive=True)),
         "fds": sorted(os.listdir("/proc/self/fd")),
         "files": sorted(os.listdir(".")),
-        "running monitors": len(nbmon.monitor._running),
+        "running monitors": len(nbmon.engine._running),
     }
 
 

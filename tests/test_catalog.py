@@ -11,7 +11,7 @@ import pytest
 
 from helpers import wait_until
 from nbmon import catalog
-from nbmon.monitor import Monitor
+from nbmon.engine import Monitor
 from nbmon.notebook import charts
 from nbmon.senders import CSVSender
 from nbmon.sources import nvml

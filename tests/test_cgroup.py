@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from helpers import wait_until
-from nbmon.monitor import Monitor
+from nbmon.engine import Monitor
 from nbmon.sources.cgroup import Cgroup, cgroup_dirs
 
 MIB = 1 << 20

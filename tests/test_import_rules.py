@@ -31,7 +31,7 @@ LAYERS = (
     "values", "catalog", "options", "format", "render", "faults",
     "sources.procfs", "sources.peaks", "sources.cgroup", "sources.proctree", "sources.machine",
     "sources.nvml", "sources",
-    "sampler", "helper", "store", "summary", "senders", "consumers", "tables", "monitor",
+    "sampler", "helper", "store", "summary", "senders", "consumers", "tables", "engine",
     "notebook.frames", "notebook.charts", "notebook.meter", "notebook.dashboard",
     "dask.wire", "notebook.cluster", "dask.feeds", "dask.worker", "dask.client", "dask",
     "notebook.session",
@@ -61,8 +61,8 @@ def test_import_nbmon_loads_no_heavy_library():
     assert loaded_after("import nbmon") == {m: False for m in HEAVY}
 
 
-def test_import_nbmon_monitor_loads_no_notebook_library():
-    loaded = loaded_after("import nbmon.monitor")
+def test_import_nbmon_engine_loads_no_notebook_library():
+    loaded = loaded_after("import nbmon.engine")
     assert {m: loaded[m] for m in ("IPython", "plotly", "pandas")} == {
         "IPython": False, "plotly": False, "pandas": False}
 
@@ -158,7 +158,7 @@ def test_the_checker_on_known_source():
 
 def test_the_checker_sees_imports():
     # Guard against a checker that silently finds nothing.
-    targets = {i.target for i in ALL_IMPORTS["monitor"]}
+    targets = {i.target for i in ALL_IMPORTS["engine"]}
     assert {"nbmon.sources", "nbmon.sampler", "nbmon.store", "threading"} <= targets
     assert any(i.target == "pynvml" and i.in_function for i in ALL_IMPORTS["sources.nvml"])
     assert any(i.target == "nbmon.notebook.magics" and i.in_function for i in ALL_IMPORTS["__init__"])

@@ -11,7 +11,7 @@ import pytest
 
 from browser_util import row, summary_rows
 from helpers import RecordingComm, wait_until
-from nbmon.monitor import Monitor
+from nbmon.engine import Monitor
 from nbmon.notebook import charts
 from nbmon.notebook.dashboard import MARGIN_PX, THREAD_NAME, Dashboard, frame_bytes
 

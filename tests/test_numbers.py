@@ -17,7 +17,7 @@ import pytest
 
 from helpers import wait_until
 from nbmon.compat.calibrax import ResourceMonitor
-from nbmon.monitor import Monitor
+from nbmon.engine import Monitor
 
 PY = sys.executable
 NBMON = [PY, "-m", "nbmon.cli"]

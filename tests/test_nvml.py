@@ -16,7 +16,7 @@ import nbmon.sources.nvml as nvml
 from nbmon import catalog
 from fake_nvml import init_refcount, unload_from_pynvml
 from helpers import in_forked_child, wait_until
-from nbmon.monitor import Monitor
+from nbmon.engine import Monitor
 
 MIB = 1 << 20
 GIB = 1 << 30

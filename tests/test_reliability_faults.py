@@ -9,7 +9,7 @@ Already proven elsewhere, not repeated here:
   - every fault kind through a Sampler on a fake clock: test_sampler.py::test_source_raising_every_call,
     ::test_source_raising_every_third_call, ::test_source_returning_no_dict, ::test_source_returning_a_non_number,
     ::test_source_returning_negative_values, ::test_source_leaving_out_a_field
-  - a source failing every other call in a real Monitor: test_monitor.py::test_a_failing_extra_source_is_isolated
+  - a source failing every other call in a real Monitor: test_engine.py::test_a_failing_extra_source_is_isolated
   - another user's process, read statically: test_proctree.py::test_other_users_process_gives_numbers_or_nan
   - children exiting between samples (both backends): test_proctree.py::test_children_exiting_between_samples
   - CSV after SIGKILL: test_senders.py::test_sigkill_mid_run_leaves_only_whole_lines
@@ -34,7 +34,7 @@ from helpers import (DEADLINE_S, StubSource, disk_full_run, figure, in_forked_ch
 
 from nbmon import catalog
 from nbmon.consumers import SampleForwarder
-from nbmon.monitor import Monitor
+from nbmon.engine import Monitor
 from nbmon.sources.proctree import ProcessTree
 from nbmon.senders import CallbackSender, CSVSender, JSONLinesSender
 

@@ -6,10 +6,10 @@ Figures for the reliability report are printed as ``FIGURE <scenario>: ...``
 lines (run with ``-s`` to see them).
 
 Already proven elsewhere, not repeated here:
-  - 50 thread-backend cycles without GPU: test_monitor.py::test_start_stop_cycles_leak_no_thread_and_no_descriptor
-  - a stuck source while the thread is inside it: test_monitor.py::test_stop_is_bounded_with_a_stuck_source,
+  - 50 thread-backend cycles without GPU: test_engine.py::test_start_stop_cycles_leak_no_thread_and_no_descriptor
+  - a stuck source while the thread is inside it: test_engine.py::test_stop_is_bounded_with_a_stuck_source,
     test_sampler.py::test_stop_is_bounded_when_a_source_is_stuck_and_the_thread_never_writes_again
-  - a thread-backend monitor on a child that exits: test_monitor.py::test_run_on_a_child_that_exits_ends_by_itself
+  - a thread-backend monitor on a child that exits: test_engine.py::test_run_on_a_child_that_exits_ends_by_itself
   - SystemMonitor on a child that exits (final dict, clean shutdown):
     test_seed_system_monitor.py::test_child_that_exits_gets_a_final_dict_and_the_monitor_stops
   - NVML re-initialised in a forked child (no monitor running): test_nvml.py::test_forked_child_initialises_again
@@ -33,7 +33,7 @@ from helpers import DEADLINE_S, StubSource, fd_count, figure, in_forked_child, n
 import nbmon.notebook.session
 import nbmon.sources.nvml as nvml
 from nbmon.consumers import SampleForwarder
-from nbmon.monitor import Monitor
+from nbmon.engine import Monitor
 from nbmon.sampler import STOP_GRACE_S
 from nbmon.senders import CSVSender
 
@@ -326,14 +326,14 @@ def test_stop_is_bounded_when_a_source_sticks_while_the_sampler_waits():
 
 EXIT_SCRIPTS = {
     "thread": """
-        from nbmon.monitor import Monitor
+        from nbmon.engine import Monitor
         m = Monitor(interval=0.01).start()
         while m.store.seq < 5:
             pass
     """,
     "stuck-source": """
         import threading, time
-        from nbmon.monitor import Monitor
+        from nbmon.engine import Monitor
         entered = threading.Event()
         class Stuck:
             name, fields = "stuck", ("stuck_value",)
@@ -348,7 +348,7 @@ EXIT_SCRIPTS = {
     """,
     "process": """
         import time
-        from nbmon.monitor import Monitor
+        from nbmon.engine import Monitor
         m = Monitor(interval=0.01, backend="process").start()
         assert m.backend_used == "process", m.backend_note
         print(m._sampler.proc.pid, flush=True)
@@ -358,7 +358,7 @@ EXIT_SCRIPTS = {
     """,
     "with-consumer": """
         import sys
-        from nbmon.monitor import Monitor
+        from nbmon.engine import Monitor
         from nbmon.consumers import SampleForwarder
         from nbmon.senders import CSVSender
         m = Monitor(interval=0.01, consumers=[SampleForwarder(CSVSender(sys.argv[1]), every_s=0.01)]).start()
@@ -396,7 +396,7 @@ def test_interpreter_exit_with_a_running_monitor_never_blocks(kind, tmp_path):
 
 KILLED_KERNEL = """
     import subprocess, sys, time
-    from nbmon.monitor import Monitor
+    from nbmon.engine import Monitor
     m = Monitor(interval=0.01, backend="process", gpu=False).start()
     assert m.backend_used == "process", m.backend_note
     keep = []

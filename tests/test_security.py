@@ -25,7 +25,7 @@ import pytest
 from helpers import DEADLINE_S, figure, wait_until
 
 import nbmon
-from nbmon.monitor import Monitor
+from nbmon.engine import Monitor
 from nbmon.notebook.dashboard import Dashboard, write_html
 
 PACKAGE = pathlib.Path(nbmon.__file__).parent
@@ -252,7 +252,7 @@ def test_nothing_is_written_by_the_monitor_itself(tmp_path):
     # it was not asked to: the working directory, HOME and TMPDIR stay empty.
     for d in ("home", "tmp", "cwd"):
         (tmp_path / d).mkdir()
-    code = ("from nbmon.monitor import Monitor\n"
+    code = ("from nbmon.engine import Monitor\n"
             "for backend in ('thread', 'process'):\n"
             "    m = Monitor(interval=0.01, backend=backend).start()\n"
             "    while m.store.seq < 5: pass\n"

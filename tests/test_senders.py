@@ -15,7 +15,7 @@ import pytest
 
 from helpers import csv_rows, disk_full_run, nbmon_threads, sigkill_mid_write, wait_until
 from nbmon.consumers import SampleForwarder
-from nbmon.monitor import Monitor
+from nbmon.engine import Monitor
 from nbmon.senders import CallbackSender, CSVSender, JSONLinesSender
 
 

@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 
 import psutil
 
-from ..monitor import Monitor
+from ..engine import Monitor
 from ..options import check_interval
 from ..summary import ResourceSample, ResourceSummary
 from ..values import known, reading

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Union
 import psutil
 
 from .. import catalog
-from ..monitor import Monitor
+from ..engine import Monitor
 from ..options import check_interval, check_pid
 from ..sources import nvml
 from ..sources.proctree import ProcessTree

@@ -1,7 +1,7 @@
 """The worker side: what runs inside each Dask worker (and one hook on the scheduler).
 
 :class:`NbmonPlugin` (a ``distributed`` WorkerPlugin) joins its worker to
-the process's *hub*: one :class:`~nbmon.monitor.Monitor` (thread backend)
+the process's *hub*: one :class:`~nbmon.engine.Monitor` (thread backend)
 on the worker process and its children, shared by the workers of one
 process and one watch. The hub is the monitor's consumer: every
 ``every_s`` it turns the samples taken since its last call into one batch
@@ -30,7 +30,7 @@ import weakref
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from .. import catalog
-from ..monitor import Monitor
+from ..engine import Monitor
 from ..options import Options
 from ..sources.machine import Machine
 from .wire import HEADER_EVERY, Encoder

@@ -273,7 +273,7 @@ def _origin(store) -> float:
 # -- the live dashboard --------------------------------------------------------------
 
 class Dashboard:
-    """Live plotly chart of a :class:`~nbmon.monitor.Monitor`.
+    """Live plotly chart of a :class:`~nbmon.engine.Monitor`.
 
     Rows and traces come from :mod:`charts`; x is seconds since the run
     started and fits the data until ``window_s`` seconds are held, then

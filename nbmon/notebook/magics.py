@@ -241,7 +241,7 @@ class ResmonMagics(Magics):
         if monitor is None:
             return "nbmon: not started (%resmon to start)"
         lines = [f"nbmon: {'running' if monitor.running else 'stopped'}, every {monitor.interval:g} s, "
-                 f"{monitor.store.seq if monitor.store else 0} samples, pid {monitor.pid}",
+                 f"{monitor.store.seq if monitor.store is not None else 0} samples, pid {monitor.pid}",
                  f"peak RSS: {'exact (kernel high-water mark)' if monitor.peak_exact else 'sampled'}",
                  f"GPU: {monitor.gpu_state}",
                  f"auto: {'on' if self.auto_threshold_s is not None else 'off'}",

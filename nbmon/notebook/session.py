@@ -7,7 +7,7 @@ import time
 from contextlib import contextmanager
 
 from ..format import fmt
-from ..monitor import Monitor
+from ..engine import Monitor
 from ..options import Options
 from ..render import html_table
 from ..summary import ResourceSummary

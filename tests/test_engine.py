@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import DEADLINE_S, StubSource, burn_cpu, fd_count, free_pid, nbmon_threads, wait_until
-from nbmon.monitor import Monitor
+from nbmon.engine import Monitor
 from nbmon.summary import ResourceSummary
 
 MIB = 1024 * 1024

@@ -202,7 +202,7 @@ class Monitor:
     # -- results ---------------------------------------------------------
     @property
     def fields(self) -> tuple[str, ...]:
-        return self.store.columns if self.store else ()
+        return self.store.columns if self.store is not None else ()
 
     @property
     def faults(self) -> dict:
@@ -247,7 +247,7 @@ class Monitor:
         return self._sampler is not None and self._sampler.sample_now()
 
     def latest(self) -> dict[str, float]:
-        return self.store.latest() if self.store else {}
+        return self.store.latest() if self.store is not None else {}
 
 
 class Span:
