@@ -138,3 +138,22 @@ def test_a_process_that_exited_reads_as_unknown():
         assert value != value   # NaN: no memory left to read
     finally:
         mark.close()
+
+
+def test_a_spike_is_taken_once_even_after_a_thread_saw_it_exit():
+    """getrusage's ru_maxrss for this process keeps the mark each exiting
+    thread saw, whatever was reset since: the mark must come from VmHWM."""
+    import threading
+
+    mark = PeakMark(os.getpid())
+    assert mark.open()
+    try:
+        mark.take_kb()
+        worker = threading.Thread(target=spike, args=(200,))
+        worker.start()
+        worker.join()   # its exit records the process's mark at that time
+        assert mark.take_kb() >= 200 * MIB_KB
+        rss_kb = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+        assert mark.take_kb() < rss_kb + 20 * MIB_KB   # gone: not reported again
+    finally:
+        mark.close()

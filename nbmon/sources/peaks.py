@@ -20,7 +20,6 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
-import resource
 import tempfile
 
 from .procfs import pread
@@ -75,7 +74,6 @@ class PeakMark:
 
     def __init__(self, pid: int):
         self.pid = pid
-        self.is_self = pid == os.getpid()
         self._status_fd = self._clear_fd = self._board_fd = -1
         self._view = None
         self._map: mmap.mmap | None = None
@@ -89,8 +87,7 @@ class PeakMark:
             return False
         try:
             self._clear_fd = os.open(f"/proc/{self.pid}/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
-            if not self.is_self:
-                self._status_fd = os.open(f"/proc/{self.pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+            self._status_fd = os.open(f"/proc/{self.pid}/status", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:  # another user's process, or a kernel without clear_refs
             self._close_fds()
             return False
@@ -141,15 +138,13 @@ class PeakMark:
         raise OSError(f"more than {SLOTS} readers of one process's peak")
 
     def _read_kb(self) -> float:
-        """The mark now, in KiB, and reset it."""
-        if self.is_self:
-            peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-        else:
-            status = pread(self._status_fd, 4096)
-            at = status.find(b"VmHWM:")
-            if at < 0:  # exited (a zombie has no memory)
-                return float("nan")
-            peak = float(status[at + 6:status.index(b"kB", at)])
+        """The mark now, in KiB, and reset it. (Not getrusage's ru_maxrss for
+        this process: it keeps the mark each exiting thread saw, for good.)"""
+        status = pread(self._status_fd, 4096)
+        at = status.find(b"VmHWM:")
+        if at < 0:  # exited (a zombie has no memory)
+            return float("nan")
+        peak = float(status[at + 6:status.index(b"kB", at)])
         os.write(self._clear_fd, CLEAR_REFS_RESET_PEAK)
         return peak
 

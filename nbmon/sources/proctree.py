@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from typing import NamedTuple
 
@@ -58,7 +59,7 @@ class _LinuxProc:
     """Kept-open /proc descriptors of one process of the tree."""
 
     __slots__ = ("pid", "parent", "stat_fd", "statm_fd", "children_fd", "io_fd", "clock", "mark",
-                 "own_s", "ran", "children_s", "threads", "rss_pages", "start_pages",
+                 "own_s", "ran", "ran_s", "children_s", "threads", "rss_pages", "start_pages",
                  "read_bytes", "write_bytes", "exited", "started_s")
 
     def __init__(self, pid: int, parent: int | None):
@@ -85,6 +86,7 @@ class _LinuxProc:
         self.mark: PeakMark | None = None
         self.own_s = self.children_s = 0.0
         self.ran = True            # used CPU since the previous read (unknown at first: yes)
+        self.ran_s = 0.0           # how much
         self.threads = 0.0
         self.rss_pages = 0.0
         self.start_pages = 0.0     # RSS at the start of the current interval
@@ -102,7 +104,8 @@ class _LinuxProc:
         self.start_pages = self.rss_pages
         try:
             own_s = time.clock_gettime_ns(self.clock) * 1e-9
-            self.ran = own_s != self.own_s
+            self.ran_s = own_s - self.own_s
+            self.ran = self.ran_s != 0.0
             self.own_s = own_s
         except OSError:  # a zombie has no clock left: read_stat() keeps its final times
             self.ran = False
@@ -323,6 +326,7 @@ class _ProcBackend:
         self.pages_per_kb = 1024.0 / os.sysconf("SC_PAGE_SIZE")
         self._marks = False
         self._peak_pages = 0.0
+        self._reader, self._reader_s = 0, 0.0   # the thread that read the tree last, its CPU then
 
     def pids(self) -> tuple[int, ...]:
         return tuple(self.procs)
@@ -376,13 +380,15 @@ class _ProcBackend:
                 proc.read()
             except OSError:
                 gone.append(proc)
+        if self.root_is_self and root in self.procs:
+            self._discount_reader(self.procs[root])
         vanished = {proc.pid for proc in gone}
         for proc in gone:
             self.gone_pages += proc.rss_pages
             self._forget(proc, vanished)
         if root in self.procs and self.procs[root].exited:
             self.root_alive = False
-        peak_pages = self._interval_peak()
+        peak_pages = self._interval_peak(every=slow)
         backfill_s = 0.0
         if self.tree.children and (self.procs or self.tree.adopt):
             for proc in self._find_children(thorough=slow):
@@ -394,12 +400,24 @@ class _ProcBackend:
                 proc.read_io()
         return self.retained_cpu_s + sum(p.own_s + p.children_s for p in self.procs.values()), backfill_s
 
-    def _interval_peak(self) -> float:
-        """Pages: each known process's highest RSS within the interval."""
+    def _discount_reader(self, root: _LinuxProc) -> None:
+        """This process ran if a thread other than nbmon's reading one ran:
+        nbmon's sampler runs every sample and runs no user code, so it
+        cannot have made a spike between two samples (any other thread can)."""
+        thread = threading.current_thread()
+        thread_s = time.thread_time()
+        if thread.ident == self._reader and thread.name.startswith("nbmon-"):
+            root.ran = root.ran_s - (thread_s - self._reader_s) > 0.0
+        self._reader, self._reader_s = thread.ident, thread_s
+
+    def _interval_peak(self, every: bool) -> float:
+        """Pages: each known process's highest RSS within the interval (the
+        high-water mark of every process that ran, of ``every`` one on the
+        slow cadence)."""
         total = self.gone_pages
         for proc in self.procs.values():
             top = max(proc.start_pages, proc.rss_pages)
-            if proc.ran and proc.mark is not None:
+            if (every or proc.ran) and proc.mark is not None:
                 kb = proc.mark.take_kb()
                 if kb == kb:
                     top = max(top, kb * self.pages_per_kb)
