@@ -123,18 +123,22 @@ def test_process_backend_50_start_stop_cycles_leak_nothing():
     fds = fd_count()
     m = Monitor(interval=0.01, backend="process")
     helpers, unclean, runs_without_final_sample = [], 0, 0
-    for _ in range(50):
-        m.start()
-        assert m.running and m.backend_used == "process"
-        helper = m._sampler.proc.pid
-        helpers.append(helper)
-        assert [c.pid for c in me.children()] == [helper]
-        unclean += not m.stop(timeout=DEADLINE_S)
-        assert me.children() == []  # reaped by stop(): no zombie left
-        runs_without_final_sample += m.store.seq == 0
+    others = {c.pid for c in me.children()}  # long-lived children of the test process (a resource tracker)
+    try:
+        for _ in range(50):
+            m.start()
+            assert m.running and m.backend_used == "process"
+            helper = m._sampler.proc.pid
+            helpers.append(helper)
+            assert {c.pid for c in me.children()} - others == {helper}
+            unclean += not m.stop(timeout=DEADLINE_S)
+            assert {c.pid for c in me.children()} == others  # reaped by stop(): no zombie left
+            runs_without_final_sample += m.store.seq == 0
+    finally:
+        m.stop(timeout=DEADLINE_S)
     left = [pid for pid in helpers if helper_running(pid)]
     figure("process-backend 50 cycles", unclean=unclean, leaked_threads=len(nbmon_threads()),
-           fd_delta=fd_count() - fds, helpers_left=len(left), children_left=len(me.children()),
+           fd_delta=fd_count() - fds, helpers_left=len(left), children_left=len(me.children()) - len(others),
            runs_without_final_sample=runs_without_final_sample)
     assert unclean == 0
     assert nbmon_threads() == []
@@ -582,8 +586,9 @@ def test_nvml_is_initialised_again_in_a_child_forked_while_sampling(fake_gpu):
 
 def test_process_backend_run_on_a_child_that_exits_ends_by_itself():
     p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    m = Monitor(pid=p.pid, interval=0.02, backend="process", gpu=False)
     try:
-        m = Monitor(pid=p.pid, interval=0.02, backend="process", gpu=False).start()
+        m.start()
         assert m.backend_used == "process"
         helper = m._sampler.proc.pid
         wait_until(lambda: m.store.seq >= 3, what="3 samples")
@@ -597,6 +602,7 @@ def test_process_backend_run_on_a_child_that_exits_ends_by_itself():
         assert m.summary() == s and m.faults == {}
         assert not helper_running(helper) and nbmon_threads() == []
     finally:
+        m.stop(timeout=DEADLINE_S)
         p.wait()
 
 
