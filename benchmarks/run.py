@@ -237,7 +237,7 @@ def tight_loop_cost(children: int, rounds: int, per_round: int) -> dict:
         proc.cpu_percent()
         pids = [os.getpid()] + [k.pid for k in kids]
         fds = [os.open(f"/proc/{p}/{n}", os.O_RDONLY) for p in pids for n in ("stat", "statm")]
-        fds.append(os.open("/proc/stat", os.O_RDONLY))
+        fds += [os.open(path, os.O_RDONLY) for path in ("/proc/stat", "/proc/meminfo")]
 
         def floor():
             for fd in fds:
@@ -253,20 +253,33 @@ def tight_loop_cost(children: int, rounds: int, per_round: int) -> dict:
         def calibrax_body():  # calibrax's _sample_loop body, without a profiler
             return (time.perf_counter(), proc.cpu_percent(), proc.memory_info().rss / MIB)
 
-        fns = {"raw-read floor": floor, "nbmon (thread)": lambda: sampler.step(time.monotonic()),
+        fns = {"raw-read floor": floor,
+               # Only nbmon's sampler ran since the last sample: no high-water mark to read.
+               "nbmon (thread), process idle": lambda: sampler.step(time.monotonic()),
+               # Another thread ran (here the loop itself): this process's mark is read each sample.
+               "nbmon (thread), process busy": lambda: sampler.step(time.monotonic()),
                "plain psutil": plain, "calibrax ResourceMonitor": calibrax_body}
         if available("memory_profiler"):
             from memory_profiler import _get_memory
             fns["memory_profiler"] = lambda: _get_memory(os.getpid(), "psutil", include_children=True)
 
-        def body(name):
-            fn = fns[name]
+        def timed(fn):
             for _ in range(20):
                 fn()
             t0 = time.thread_time_ns()
             for _ in range(per_round):
                 fn()
             return (time.thread_time_ns() - t0) / per_round / 1000
+
+        def body(name):
+            if not name.endswith("idle"):
+                return timed(fns[name])
+            # As the sampler thread does: nbmon's thread names start with "nbmon-".
+            out = []
+            reader = threading.Thread(target=lambda: out.append(timed(fns[name])), name="nbmon-bench")
+            reader.start()
+            reader.join()
+            return out[0]
         result = alternate(list(fns), rounds, body)
         sampler.close_sources()
         for fd in fds:
@@ -444,7 +457,11 @@ def main() -> None:
     log("1. CPU per sample (tight loop)")
     rounds = 5 if q else 15
     lines += ["## 1. CPU µs per sample", "",
-              "Tight loop (no sleeping, so wake-up is excluded), thread CPU time:", "",
+              "Tight loop (no sleeping, so wake-up is excluded), thread CPU time. The floor reads what "
+              "every sample must: `stat` and `statm` of each process, `/proc/stat` and `/proc/meminfo`. "
+              "nbmon reads a process's high-water mark (`/proc/<pid>/status`) in the samples after it "
+              "ran: *idle* is a process where only nbmon's sampler ran (a kernel between cells), *busy* "
+              "one whose own threads ran in every interval.", "",
               "| contender | no children | 4 children | ratio to floor |", "|---|---|---|---|"]
     loops = {k: tight_loop_cost(k, rounds, 200 if q else 1000) for k in (0, 4)}
     for name in loops[0]:
