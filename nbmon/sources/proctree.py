@@ -33,6 +33,11 @@ MIB = 1024.0 * 1024.0
 _LOGICAL_CPUS = os.cpu_count() or 1
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
+# Less CPU than this used by the monitored process's other threads since the
+# last sample counts as none: the two clocks are read a few µs apart, and a
+# thread cannot touch more than about 1 MiB of new memory in it.
+OTHERS_IDLE_S = 50e-6
+
 # nbmon's own helper processes (the process backend's sampler): never part of
 # a watched tree, though they are children of the process they watch.
 EXCLUDED: set[int] = set()
@@ -377,11 +382,13 @@ class _ProcBackend:
                         proc.children_s = t.children_user + t.children_system
                     else:
                         proc.read_stat()
+                if proc.pid == root and self.root_is_self:
+                    reader_s = time.thread_time()  # just before the process's clock: the same window
                 proc.read()
             except OSError:
                 gone.append(proc)
         if self.root_is_self and root in self.procs:
-            self._discount_reader(self.procs[root])
+            self._discount_reader(self.procs[root], reader_s)
         vanished = {proc.pid for proc in gone}
         for proc in gone:
             self.gone_pages += proc.rss_pages
@@ -400,15 +407,15 @@ class _ProcBackend:
                 proc.read_io()
         return self.retained_cpu_s + sum(p.own_s + p.children_s for p in self.procs.values()), backfill_s
 
-    def _discount_reader(self, root: _LinuxProc) -> None:
+    def _discount_reader(self, root: _LinuxProc, reader_s: float) -> None:
         """This process ran if a thread other than nbmon's reading one ran:
         nbmon's sampler runs every sample and runs no user code, so it
-        cannot have made a spike between two samples (any other thread can)."""
+        cannot have made a spike between two samples (any other thread can).
+        ``reader_s``: the reading thread's CPU clock as the process's was read."""
         thread = threading.current_thread()
-        thread_s = time.thread_time()
         if thread.ident == self._reader and thread.name.startswith("nbmon-"):
-            root.ran = root.ran_s - (thread_s - self._reader_s) > 0.0
-        self._reader, self._reader_s = thread.ident, thread_s
+            root.ran = root.ran_s - (reader_s - self._reader_s) > OTHERS_IDLE_S
+        self._reader, self._reader_s = thread.ident, reader_s
 
     def _interval_peak(self, every: bool) -> float:
         """Pages: each known process's highest RSS within the interval (the
