@@ -2,7 +2,7 @@
 headless Chromium (the browser tests' harness: tests/browser_util.py and
 tests/dashboard_page.py), fresh kernel each run.
 
-    python benchmarks/bench_browser.py [--runs N] [--idle S] [--pythonpath DIR] [--label TEXT]
+    python benchmarks/bench_browser.py [--runs N] [--idle S] [--before DIR] [--out FILE]
 
 For each run: a fresh JupyterLab page and kernel run ``%load_ext nbmon`` and
 ``%resmon`` ("cold": Run All, the two cells back to back; "warm": the
@@ -17,16 +17,18 @@ seconds (default 30). Reported, median (min–max) over runs:
   the kernel process, of nbmon's sampler helper (the kernel's child
   processes), and of Chromium (all its processes).
 
-``--pythonpath DIR`` puts DIR first on the kernel's PYTHONPATH: with a
-checkout of an older nbmon (``git worktree add /tmp/old c7c2884``) it
-measures that one, the "before" of benchmarks/RESULTS.md. CPU figures need a
-quiet machine: the script prints the load average before and after.
+``--before DIR`` measures the nbmon checked out in DIR too (``git worktree
+add /tmp/old c7c2884``: the "before" of benchmarks/RESULTS.md), on its own
+JupyterLab, run for run alternated with this checkout. ``--out`` writes the
+table into benchmarks/RESULTS.md (its own section). CPU figures need a quiet
+machine: the load average before and after is part of the table.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,8 +38,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent))
 
+import results_file  # noqa: E402  (benchmarks/, the script's own folder)
 from browser_util import CHROMIUM, CHROMIUM_ARGS, JupyterLab, wait_for  # noqa: E402
 from dashboard_page import INIT_SCRIPT, browser_pids, cpu_seconds, execute_time, idle_figures, kernel_pids  # noqa: E402
+
 NOTEBOOKS = {"cold": ["%load_ext nbmon", "%resmon"],
              "warm": ["%load_ext nbmon", "import time; time.sleep(5)", "%resmon"]}
 
@@ -98,43 +102,82 @@ def spread(values) -> str:
         f"{med:.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
 
 
+def start_lab(base: Path, pythonpath: str | None) -> JupyterLab:
+    """A JupyterLab whose kernels import nbmon from ``pythonpath`` (None: this checkout)."""
+    before = os.environ.get("PYTHONPATH")
+    path = [p for p in (pythonpath, str(HERE.parent), before) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(path)
+    try:
+        base.mkdir()
+        (base / "root").mkdir()
+        write(base / "root")
+        return JupyterLab(base, base / "root").start()
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """One column per (notebook, variant), before and after side by side."""
+    columns = [(name, variant) for name in NOTEBOOKS for variant in results]
+    what = {"cold": "%resmon right after %load_ext", "warm": "%load_ext 5 s before"}
+    lines = ["| | " + " | ".join(f"{variant}, {name} ({what[name]})" for name, variant in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for key in next(iter(results.values()))["cold"][0]:
+        lines.append(f"| {key} | " + " | ".join(spread([r[key] for r in results[variant][name]])
+                                                 for name, variant in columns) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="fresh kernels per notebook (default 3)")
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle dashboard measured (default 30)")
-    parser.add_argument("--pythonpath", help="put this first on the kernel's PYTHONPATH (an older nbmon)")
-    parser.add_argument("--label", default="nbmon", help="the name of this column of results")
+    parser.add_argument("--before", metavar="DIR",
+                        help="also measure the nbmon checked out in DIR, alternated with this one")
+    parser.add_argument("--out", help="write the table into this results file (benchmarks/RESULTS.md)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    if args.pythonpath:
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (args.pythonpath, os.environ.get("PYTHONPATH")) if p)
-    print(f"load average before: {os.getloadavg()}", file=sys.stderr)
-    results: dict[str, list[dict]] = {name: [] for name in NOTEBOOKS}
+    commit = lambda path: subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=path,  # noqa: E731
+                                         capture_output=True, text=True).stdout.strip() or "?"
+    variants = {f"after ({commit(HERE)})": None}
+    if args.before:
+        variants = {f"before ({commit(args.before)})": args.before, **variants}
+    load_before = os.getloadavg()
+    results = {variant: {name: [] for name in NOTEBOOKS} for variant in variants}
     with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp)
-        (base / "root").mkdir()
-        write(base / "root")
-        lab = JupyterLab(base, base / "root").start()
+        labs = {}
         try:
+            for i, (variant, pythonpath) in enumerate(variants.items()):
+                labs[variant] = start_lab(Path(tmp) / str(i), pythonpath)
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 try:
                     for _ in range(args.runs):
                         for name in NOTEBOOKS:
-                            results[name].append(one_run(browser, lab, name, args.idle))
-                            print(name, results[name][-1], file=sys.stderr)
+                            for variant, lab in labs.items():
+                                results[variant][name].append(one_run(browser, lab, name, args.idle))
+                                print(variant, name, results[variant][name][-1], file=sys.stderr)
                 finally:
                     browser.close()
         finally:
-            lab.stop()
-    print(f"load average after: {os.getloadavg()}", file=sys.stderr)
-    keys = list(results["cold"][0])
-    print(f"| {args.label} | " + " | ".join(f"{name} (%resmon right after %load_ext)" if name == "cold"
-                                          else f"{name} (%load_ext 5 s before)" for name in NOTEBOOKS) + " |")
-    print("|---|" + "---|" * len(NOTEBOOKS))
-    for key in keys:
-        print(f"| {key} | " + " | ".join(spread([r[key] for r in results[name]]) for name in NOTEBOOKS) + " |")
+            for lab in labs.values():
+                lab.stop()
+    load_after = os.getloadavg()
+    text = "\n".join([
+        "## Live dashboard in the browser", "",
+        f"`python benchmarks/bench_browser.py --runs {args.runs} --idle {args.idle:g}"
+        f"{' --before ' + args.before if args.before else ''}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+        "JupyterLab in headless Chromium, a fresh kernel per run, variants alternated; load average "
+        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after. Times from the kernel starting `%resmon`; "
+        f"message, byte and CPU figures over {args.idle:g} s of an idle open dashboard. Median (min–max) over runs.",
+        "", *table(results), ""])
+    print(text)
+    if args.out:
+        results_file.update(args.out, text, owns=r"## Live dashboard", header=False)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from nbmon.sampler import Sampler  # noqa: E402
 from nbmon.sources import Sources  # noqa: E402
 from nbmon.store import Store  # noqa: E402
 from nbmon.summary import summarize  # noqa: E402
+import results_file  # noqa: E402  (benchmarks/, the script's own folder)
 
 MIB = 1024 * 1024
 SLEEPER = "import time\nwhile True: time.sleep(1)"
@@ -229,10 +230,13 @@ def tight_loop_cost(children: int, rounds: int, per_round: int) -> dict:
     kids = [subprocess.Popen([sys.executable, "-c", SLEEPER]) for _ in range(children)]
     time.sleep(0.3)
     try:
-        sampler = Sampler(Sources(os.getpid(), Options(gpu=False)).all, None, 0.1)
-        sampler.prime()
-        store = Store(sampler.fields)
-        sampler.sink = store.append
+        samplers = {}
+        for exact_peak in (True, False):
+            sampler = samplers[exact_peak] = Sampler(
+                Sources(os.getpid(), Options(gpu=False, exact_peak=exact_peak)).all, None, 0.1)
+            sampler.prime()
+            sampler.sink = Store(sampler.fields).append
+        exact, sampled = samplers[True], samplers[False]
         proc = psutil.Process()
         proc.cpu_percent()
         pids = [os.getpid()] + [k.pid for k in kids]
@@ -255,9 +259,11 @@ def tight_loop_cost(children: int, rounds: int, per_round: int) -> dict:
 
         fns = {"raw-read floor": floor,
                # Only nbmon's sampler ran since the last sample: no high-water mark to read.
-               "nbmon (thread), process idle": lambda: sampler.step(time.monotonic()),
+               "nbmon (thread), process idle": lambda: exact.step(time.monotonic()),
                # Another thread ran (here the loop itself): this process's mark is read each sample.
-               "nbmon (thread), process busy": lambda: sampler.step(time.monotonic()),
+               "nbmon (thread), process busy": lambda: exact.step(time.monotonic()),
+               # The same without the exact-peak work (Options(exact_peak=False)): its cost is the difference.
+               "nbmon (thread), busy, exact peak off": lambda: sampled.step(time.monotonic()),
                "plain psutil": plain, "calibrax ResourceMonitor": calibrax_body}
         if available("memory_profiler"):
             from memory_profiler import _get_memory
@@ -281,7 +287,8 @@ def tight_loop_cost(children: int, rounds: int, per_round: int) -> dict:
             reader.join()
             return out[0]
         result = alternate(list(fns), rounds, body)
-        sampler.close_sources()
+        for sampler in samplers.values():
+            sampler.close_sources()
         for fd in fds:
             os.close(fd)
         return result
@@ -350,13 +357,10 @@ def spike_capture(names, trials: int) -> dict:
     return alternate(names, trials, body)
 
 
-def sampler_cpu(names, interval: float, rounds: int) -> dict:
-    work = python_loop(2.0)
-
+def sampler_cpu(names, interval: float, rounds: int, work) -> dict:
     def body(name):
-        r = CONTENDERS[name](lambda: time.sleep(2.0), interval)
+        r = CONTENDERS[name](work, interval)
         return r.sampler_cpu_s / max(1, r.samples) * 1e6
-    del work
     return alternate(names, rounds, body)
 
 
@@ -461,7 +465,8 @@ def main() -> None:
               "every sample must: `stat` and `statm` of each process, `/proc/stat` and `/proc/meminfo`. "
               "nbmon reads a process's high-water mark (`/proc/<pid>/status`) in the samples after it "
               "ran: *idle* is a process where only nbmon's sampler ran (a kernel between cells), *busy* "
-              "one whose own threads ran in every interval.", "",
+              "one whose own threads ran in every interval; *exact peak off* is the busy case without "
+              "that read (`Options(exact_peak=False)`): the difference is what exact peaks cost.", "",
               "| contender | no children | 4 children | ratio to floor |", "|---|---|---|---|"]
     loops = {k: tight_loop_cost(k, rounds, 200 if q else 1000) for k in (0, 4)}
     for name in loops[0]:
@@ -469,12 +474,16 @@ def main() -> None:
                      f"{ratio(loops[0][name], loops[0]['raw-read floor'])} / "
                      f"{ratio(loops[4][name], loops[4]['raw-read floor'])} |")
     log("1b. sampler CPU at 10 Hz")
-    cpu10 = sampler_cpu(names, 0.1, 3 if q else 5)
+    cpu10 = {"idle": sampler_cpu(names, 0.1, 3 if q else 5, lambda: time.sleep(2.0)),
+             "busy": sampler_cpu(names, 0.1, 3 if q else 5, python_loop(2.0))}
     lines += ["", "At 10 Hz, the monitor's own CPU (its thread, or its helper process and reader "
-              "thread) per sample, main thread idle:", "",
-              "| contender | µs per sample | ratio to nbmon (thread) |", "|---|---|---|"]
+              "thread) per sample, while the main thread sleeps (idle) or runs a Python loop (busy):", "",
+              "| contender | µs per sample, idle | µs per sample, busy | ratio to nbmon (thread), idle / busy |",
+              "|---|---|---|---|"]
     for name in names:
-        lines.append(f"| {name} | {med(cpu10[name])} | {ratio(cpu10[name], cpu10['nbmon (thread)'])} |")
+        lines.append(f"| {name} | {med(cpu10['idle'][name])} | {med(cpu10['busy'][name])} | "
+                     f"{ratio(cpu10['idle'][name], cpu10['idle']['nbmon (thread)'])} / "
+                     f"{ratio(cpu10['busy'][name], cpu10['busy']['nbmon (thread)'])} |")
 
     log("2. main-thread cost")
     lines += ["", "## 2. Main-thread cost of sampling", "",
@@ -535,10 +544,7 @@ def main() -> None:
         lines.append(f"| Monitor(backend='{backend}').start() to first sample | {med(values)} |")
     lines.append(f"| `%resmon` to first sample (IPython shell, includes building the plotly "
                  f"FigureWidget) | {med([r[0] for r in st['resmon']])} |")
-    text = "\n".join(lines) + "\n"
-    with open(args.out, "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text)
+    print(results_file.update(args.out, "\n".join(lines) + "\n", owns=r"## \d+\. ", header=True))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from helpers import RecordingComm, wait_until
 from nbmon.engine import Monitor
 from nbmon.notebook import charts
 from nbmon.notebook.dashboard import MARGIN_PX, THREAD_NAME, Dashboard, frame_bytes
+from nbmon.sources.cgroup import Cgroup
 
 POLL_S = 10.0  # upper bound of every wait below; they normally end in milliseconds
 
@@ -97,14 +98,30 @@ def test_the_container_limit_is_a_line_beside_the_kernels_memory(stopped, dashbo
     assert 4096.0 in limit.y.tolist()
 
 
-def test_without_system_columns_only_the_tree_is_drawn(dashboards):
-    m = Monitor(interval=0.02, system=False, gpu=False).start()
+def dashboard_of_a_short_run(dashboards, *extra_sources) -> Dashboard:
+    """A dashboard of a stopped two-sample run of this process's tree (no machine figures) and ``extra_sources``."""
+    m = Monitor(interval=0.02, system=False, gpu=False, extra_sources=list(extra_sources)).start()
     try:
         wait_until(lambda: m.store.seq >= 2, timeout=POLL_S, what="two samples")
     finally:
         m.stop()
     d = Dashboard(m, start=False)
     dashboards.append(d)
+    return d
+
+
+@pytest.mark.parametrize("memory_max, drawn", [("max\n", False), (f"{512 << 20}\n", True)])
+def test_a_container_limit_is_in_the_legend_only_when_there_is_one(tmp_path, dashboards, memory_max, drawn):
+    # A v2 cgroup as the kernel shows it, "max" where it sets no limit.
+    for name, text in {"cgroup.procs": "", "memory.current": f"{100 << 20}\n", "memory.max": memory_max}.items():
+        (tmp_path / name).write_text(text)
+    d = dashboard_of_a_short_run(dashboards, Cgroup(dirs={"memory": str(tmp_path), "memory_version": "2"}))
+    assert ("memory limit, container" in [tr.name for tr in d.widget.data]) is drawn
+    assert "cgroup_mem_used_mb" not in d.columns   # not a chart row's: never drawn
+
+
+def test_without_system_columns_only_the_tree_is_drawn(dashboards):
+    d = dashboard_of_a_short_run(dashboards)
     assert [c for c in d.columns if not c.startswith("cgroup_")] == ["proc_cpu_percent", "proc_rss_mb"]
     assert len(trace(d, "proc_rss_mb").x) >= 2
 

@@ -58,13 +58,16 @@ _bundle_pushed = threading.Event()   # once per process: pages that missed it as
 
 
 def _columns_of(monitor) -> list[str]:
-    """The columns a monitor's store has, or will have once started."""
-    if monitor.store is not None:  # a stopped monitor has closed its devices; its store still has them
-        return list(monitor.store.columns)
-    columns = list(catalog.names(catalog.TREE))
-    if monitor.options.system:
-        columns += catalog.names(catalog.MACHINE) + catalog.names(catalog.CGROUP)
-    return columns
+    """The columns a monitor's store has, or will have once started. The
+    container's figures only where it has them (its limits are read in the
+    run's first sample): no legend entry for a memory limit never drawn."""
+    store = monitor.store
+    if store is None:
+        return [*catalog.names(catalog.TREE), *(catalog.names(catalog.MACHINE) if monitor.options.system else ())]
+    # A stopped monitor has closed its devices; its store still has them.
+    known = store.latest_known()
+    container = set(catalog.names(catalog.CGROUP))
+    return [c for c in store.columns if c not in container or not math.isnan(known.get(c, math.nan))]
 
 
 # -- plotly, lazily ----------------------------------------------------------------
