@@ -420,11 +420,15 @@ def startup_figures(rounds: int) -> dict:
             "t0 = time.perf_counter()\nimport io, contextlib\n"
             "with contextlib.redirect_stdout(io.StringIO()): ip.run_line_magic('resmon', '')\n"
             "t1 = time.perf_counter()\nwhile s.SESSION.monitor.store.seq == 0: time.sleep(0.001)\n"
-            "print((time.perf_counter() - t0) * 1000, (t1 - t0) * 1000)\n"
+            "print('\\nms', (time.perf_counter() - t0) * 1000, (t1 - t0) * 1000)\n"
             "with contextlib.redirect_stdout(io.StringIO()): ip.run_line_magic('resmon', 'stop')\n")
     for _ in range(max(3, rounds // 2)):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()
-        resmon.append([float(x) for x in out[-2:]])
+        # The shell also prints the record's updates (text/plain) to stdout, from another thread.
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        times = [line.split()[1:] for line in run.stdout.splitlines() if line.startswith("ms ")]
+        if not times:
+            raise RuntimeError(f"%resmon start-up measurement failed: {run.stderr or run.stdout}")
+        resmon.append([float(x) for x in times[0]])
     return {"import_ms": imports, "first": first, "resmon": resmon}
 
 

@@ -277,6 +277,18 @@ def test_dashboard_marks_each_cell_with_its_prompt_number(ip):
     assert "stopped" in html_of(final)
 
 
+def test_in_a_terminal_the_record_is_shown_at_start_and_replaced_at_stop_only(ip):
+    # This shell has no kernel, as in a terminal, where an update is printed
+    # again: the first figures, a cell's end, the periodic refresh would each print.
+    with capture_output() as cap:
+        ip.run_line_magic("resmon", "--interval 0.05")
+        (dashboard, _), = nbmon.notebook.magics._loaded[id(ip)].dashboards
+        wait_until(lambda: dashboard.widget is not None, timeout=60.0, what="the chart (after the first figures)")
+        ip.run_cell("rm_t = 1", store_history=True)
+        ip.run_line_magic("resmon", "stop")
+    assert [o.update for o in cap.outputs if "nbmon-live-record" in html_of(o)] == [False, True]
+
+
 def test_failing_cell_shows_the_users_code_with_its_prompt_number(ip):
     number = ip.execution_count
     with capture_output() as cap:

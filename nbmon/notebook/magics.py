@@ -170,14 +170,17 @@ class ResmonMagics(Magics):
         # importing), which mounts itself into the record.
         monitor, made = SESSION.ensure_monitor(options, start=False)
         dashboard = live.Dashboard(monitor, window_s=window, cells=self.cells, build=False, start=False)
-        dashboard.handle = display(dashboard, display_id=True)
+        handle = display(dashboard, display_id=True)
+        # A terminal prints every display update anew, from whichever thread
+        # sends it: there the record is shown once, and replaced at stop only.
+        dashboard.handle = handle if getattr(self.shell, "kernel", None) is not None else None
         if made:
             monitor.start()
         dashboard.start()
         if not self.dashboards:
             self.shell.events.register("pre_run_cell", self._cell_started)
             self.shell.events.register("post_run_cell", self._cell_finished)
-        self.dashboards.append((dashboard, dashboard.handle))
+        self.dashboards.append((dashboard, handle))
 
     def _cell_started(self, info) -> None:
         monitor = SESSION.monitor
