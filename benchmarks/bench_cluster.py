@@ -304,14 +304,15 @@ def report(results, seconds, sizes, loads) -> str:
         f"Targets at {largest} workers, for `events`: wire {events['bytes_per_worker_s']:.0f} B/s per worker "
         f"(target ≤ 2048: {verdict(events['bytes_per_worker_s'] <= 2048)}), scheduler "
         f"{events['scheduler_cpu']:.2f} % of a core (target ≤ 1 %: {verdict(events['scheduler_cpu'] <= 1)}), "
-        f"view refresh {events['refresh_cpu_ms']:.1f} ms of CPU, {events['refresh_ms']:.1f} ms of wall time on this "
-        f"loaded machine (target ≤ 50 ms: {verdict(events['refresh_cpu_ms'] <= 50)} in CPU time).\n")
+        f"view refresh {events['refresh_cpu_ms']:.1f} ms of CPU, {events['refresh_ms']:.1f} ms of wall time "
+        f"(target ≤ 50 ms: {verdict(events['refresh_cpu_ms'] <= 50)} in CPU time).\n")
     return (
         "# Watching a Dask cluster: what it costs\n\n"
         f"`python benchmarks/bench_cluster.py --seconds {seconds:g} --sizes {','.join(map(str, sizes))}`, "
         f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Load average before / after: "
-        f"{loads[0]} / {loads[1]} (a shared machine: other jobs ran beside it).\n\n"
+        f"{loads[0]} / {loads[1]}; every process of the cluster shares this machine's {os.cpu_count()} CPUs, "
+        f"so wall times include waiting for a CPU.\n\n"
         f"Scheduler, notebook and {PROCESSES} worker processes on this machine (1, 8 or 32 workers per process); "
         f"nbmon samples every worker at 10 Hz and sends one batch (min, max, mean of every field) a second, "
         f"or every {HEARTBEATS_PER_BATCH:g} Dask heartbeats when Dask spaces them out (\"batch every\"). "
