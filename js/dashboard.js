@@ -198,16 +198,11 @@ class Live {
       const record = view.record;
       if (!record) continue;
       record.classList.toggle("nbmon-live-stale", stale);
-      const note = record.querySelector(':scope > [data-nbmon="disconnected"]');
-      if (stale && !note) {
-        const div = document.createElement("div");
-        div.className = "nbmon-live-note";
-        div.dataset.nbmon = "disconnected";
-        div.textContent = `nbmon: no data from the kernel since ${new Date().toLocaleTimeString()} ` +
-          "(disconnected, restarting, or busy in code that holds the GIL); the chart is not live";
-        record.prepend(div);
-      } else if (!stale && note) {
-        note.remove();
+      if (!stale) {
+        disconnected(record, null);
+      } else if (!record.querySelector(NOTE)) {   // keeps the time the silence began
+        disconnected(record, `nbmon: no data from the kernel since ${new Date().toLocaleTimeString()} ` +
+          "(disconnected, restarting, or busy in code that holds the GIL); the chart is not live");
       }
     }
   }
@@ -364,17 +359,24 @@ class Live {
       this.removeView(view);
       if (!record) continue;
       record.classList.remove("nbmon-live-mounted", "nbmon-live-stale");
-      record.querySelector(':scope > [data-nbmon="disconnected"]')?.remove();
-      if (!this.stopped) {
-        // The kernel went away without stopping: say so above its last record.
-        const note = document.createElement("div");
-        note.className = "nbmon-live-note";
-        note.dataset.nbmon = "disconnected";
-        note.textContent = "nbmon: kernel disconnected, the live chart stopped; below, the figures as last recorded";
-        record.prepend(note);
-      }
+      // The kernel went away without stopping: say so above its last record.
+      disconnected(record, this.stopped ? null :
+        "nbmon: kernel disconnected, the live chart stopped; below, the figures as last recorded");
     }
   }
+}
+
+const NOTE = ':scope > [data-nbmon="disconnected"]';
+
+/** Put ``text`` above a record as its one "disconnected" note (null: none). */
+function disconnected(record, text) {
+  record.querySelector(NOTE)?.remove();
+  if (text === null) return;
+  const note = document.createElement("div");
+  note.className = "nbmon-live-note";
+  note.dataset.nbmon = "disconnected";
+  note.textContent = text;
+  record.prepend(note);
 }
 
 export default {
