@@ -28,7 +28,7 @@ MODULES = sorted(dotted(p) for p in PACKAGE.rglob("*.py"))
 # Data flows one way: sources -> sampler -> store -> consumers -> outer
 # layers. A module may import only modules listed before it.
 LAYERS = (
-    "values", "catalog", "options", "format", "render", "faults",
+    "values", "catalog", "options", "format", "render", "faults", "runtime",
     "sources.procfs", "sources.peaks", "sources.cgroup", "sources.proctree", "sources.machine",
     "sources.nvml", "sources",
     "sampler", "helper", "store", "summary", "senders", "consumers", "tables", "engine",
@@ -41,7 +41,7 @@ LAYERS = (
 )
 # What each package may reach outside itself.
 PACKAGE_MAY_IMPORT = {
-    "sources": {"values", "catalog", "options", "faults"},
+    "sources": {"values", "catalog", "options", "faults", "runtime"},
     "notebook": None,   # anything before it in LAYERS but compat
     "compat": None,     # anything before it in LAYERS but notebook
 }
