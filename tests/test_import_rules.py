@@ -28,7 +28,7 @@ MODULES = sorted(dotted(p) for p in PACKAGE.rglob("*.py"))
 # Data flows one way: sources -> sampler -> store -> consumers -> outer
 # layers. A module may import only modules listed before it.
 LAYERS = (
-    "values", "catalog", "options", "format", "render", "faults", "runtime",
+    "values", "catalog", "options", "format", "render", "faults", "runtime", "files",
     "sources.procfs", "sources.peaks", "sources.cgroup", "sources.proctree", "sources.machine",
     "sources.nvml", "sources",
     "sampler", "helper", "store", "summary", "senders", "consumers", "tables", "engine",
