@@ -23,13 +23,16 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
-from . import ranks
+from . import files, ranks
 from .engine import Monitor
+from .format import printable
 from .options import DEFAULT_INTERVAL_S, Options, check_interval
 from .senders import CSVSender, JSONLinesSender
 from .summary import ResourceSummary
@@ -44,10 +47,8 @@ STREAMS = {
 
 
 def _write_summary_json(path, monitor, summary, argv, force) -> None:
-    # "x" unless --force: a file that appeared while the command ran is not ours to replace.
-    with open(path, "w" if force else "x", encoding="utf-8") as f:
-        json.dump(summary.to_dict(), f, indent=2)
-        f.write("\n")
+    # Not replaced without --force: a file that appeared while the command ran is not ours.
+    files.write_text(path, json.dumps(summary.to_dict(), indent=2) + "\n", overwrite=force)
 
 
 def _write_html(path, monitor, summary, argv, force) -> None:
@@ -66,6 +67,12 @@ OUTPUTS = (*STREAMS, *REPORTS)
 
 class UsageError(Exception):
     pass
+
+
+def _say(text: str, file=None) -> None:
+    """Print a line for the user (stderr by default); text from elsewhere in
+    it (a rank file's host, a file name) cannot reach the terminal as escapes."""
+    print(printable(text), file=sys.stderr if file is None else file)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,25 +118,39 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_output(path: str | None, force: bool) -> None:
+    """Refuse, before anything runs, an output that cannot be written. An
+    existing name is never opened (a link planted there may point anywhere,
+    at a FIFO even): --force replaces the name (nbmon.files), so what counts
+    is that a new file can be made beside it and the name removed."""
     if path is None:
         return
-    if os.path.isdir(path):
+    if os.path.isdir(path) and not os.path.islink(path):
         raise UsageError(f"output path {path!r} is a directory")
-    existed = os.path.exists(path)
+    existed = os.path.lexists(path)
     if existed and not force:
         raise UsageError(f"output file {path!r} already exists (add --force to replace it)")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UsageError(f"cannot write {path!r}: directory {parent!r} does not exist")
+    if existed and not _may_remove(path, parent):
+        raise UsageError(f"cannot replace {path!r}: it belongs to another user, in a directory where "
+                         f"only a file's owner may remove it")
     # os.access() says yes to root even for /proc or a read-only mount, and the
     # summary is only written after the command ran: try for real, leave nothing behind.
-    flags = os.O_WRONLY | os.O_CLOEXEC | (0 if existed else os.O_CREAT | os.O_EXCL)
     try:
-        os.close(os.open(path, flags, 0o666))
+        fd, probe = tempfile.mkstemp(prefix=".nbmon-", dir=parent)
     except OSError as err:
         raise UsageError(f"cannot write {path!r}: {err.strerror}") from None
-    if not existed:
-        os.unlink(path)
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _may_remove(path: str, parent: str) -> bool:
+    """Whether this process may unlink ``path``: in a sticky directory (/tmp)
+    only the file's or the directory's owner may (or root)."""
+    st, dir_st = os.lstat(path), os.stat(parent)
+    euid = os.geteuid()
+    return not dir_st.st_mode & stat.S_ISVTX or euid in (0, st.st_uid, dir_st.st_uid)
 
 
 def _open_sender(cls, path: str | None, force: bool):
@@ -157,14 +178,14 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
         raise UsageError("missing command: nbmon run [options] -- CMD [ARGS...]")
     # A path that exists but cannot run is 126 (Popen says why), as in a shell, not "not found".
     if shutil.which(argv[0]) is None and not (os.sep in argv[0] and os.path.exists(argv[0])):
-        print(f"nbmon: command not found: {argv[0]}", file=sys.stderr)
+        _say(f"nbmon: command not found: {argv[0]}")
         return 127
     # A path that cannot run is refused before the outputs are opened: --force would truncate them.
     if os.sep in argv[0] and (os.path.isdir(argv[0]) or not os.access(argv[0], os.X_OK)):
-        print(f"nbmon: cannot run {argv[0]}: {os.strerror(errno.EACCES)}", file=sys.stderr)
+        _say(f"nbmon: cannot run {argv[0]}: {os.strerror(errno.EACCES)}")
         return 126
     streams = {name: path for name, path in outputs.items() if name in STREAMS}
-    created = [p for p in streams.values() if not os.path.exists(p)]
+    created = [p for p in streams.values() if not os.path.lexists(p)]
     adopted = _become_subreaper()
     # A child's ru_maxrss starts at its parent's peak (the image it forked
     # from, counted again at exec): only above ours is it the command's own.
@@ -178,11 +199,11 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
         for sender in senders:
             sender.close()
         for path in created:  # the command never ran: leave no empty output files behind
-            if os.path.exists(path):
+            if os.path.lexists(path):
                 os.unlink(path)
         if isinstance(err, UsageError):
             raise
-        print(f"nbmon: cannot run {argv[0]}: {err.strerror}", file=sys.stderr)
+        _say(f"nbmon: cannot run {argv[0]}: {err.strerror}")
         return 126
     every_s = min(1.0, max(options.interval, 0.2))
     monitor = Monitor(child.pid, dataclasses.replace(options, adopt=options.children and adopted))
@@ -210,18 +231,18 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
             continue
         try:
             REPORTS[name][0](path, monitor, summary, argv, force)
-        except FileExistsError as err:
-            print(f"nbmon: error: {err.filename} appeared while the command ran; not replaced "
-                  f"(add --force to replace it)", file=sys.stderr)
+        except FileExistsError:
+            _say(f"nbmon: error: {path} appeared while the command ran; not replaced (add --force to replace it)")
+        except OSError as err:  # the disk filled, the directory went
+            _say(f"nbmon: error: cannot write {path}: {err.strerror or err}")
     if not quiet:
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
-        print(f"\nnbmon: {' '.join(argv)} {how}\n{summary}", file=sys.stderr)
+        _say(f"\nnbmon: {' '.join(argv)} {how}\n{summary}")
     if left:  # said even with --quiet: the figures stop short of them
-        print(f"nbmon: {len(left)} process(es) the command started still run (pid {', '.join(map(str, left))}); "
-              f"the figures end when the command did (--wait-descendants to follow them to the end)",
-              file=sys.stderr)
+        _say(f"nbmon: {len(left)} process(es) the command started still run (pid {', '.join(map(str, left))}); "
+             f"the figures end when the command did (--wait-descendants to follow them to the end)")
     for fault in monitor.faults.values():  # errors (an output that failed) even with --quiet
-        print(f"nbmon: {fault.source} failed {fault.count} time(s): {fault.first_error}", file=sys.stderr)
+        _say(f"nbmon: {fault.source} failed {fault.count} time(s): {fault.first_error}")
     return 128 - code if code < 0 else code
 
 
@@ -315,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(command, options, outputs, force=ns.force, quiet=ns.quiet, tags=tags,
                    wait_descendants=ns.wait_descendants)
     except UsageError as err:
-        print(f"nbmon: error: {err}", file=sys.stderr)
+        _say(f"nbmon: error: {err}")
         return 2
 
 
@@ -327,10 +348,15 @@ def _report(ns) -> int:
         frame = ranks.read_ranks(ns.ranks, period_s=period_s)
     except (ValueError, OSError) as err:
         raise UsageError(str(err)) from None
-    print(ranks.text_report(ranks.rank_table(frame)))
+    _say(ranks.text_report(ranks.rank_table(frame)), sys.stdout)
     if ns.html:
-        ranks.write_report(frame, ns.html, title=" ".join(ns.ranks), overwrite=ns.force)
-        print(f"nbmon: wrote {ns.html}")
+        try:
+            ranks.write_report(frame, ns.html, title=" ".join(ns.ranks), overwrite=ns.force)
+        except FileExistsError:
+            raise UsageError(f"{ns.html!r} appeared meanwhile; not replaced (add --force to replace it)") from None
+        except OSError as err:
+            raise UsageError(f"cannot write {ns.html!r}: {err.strerror or err}") from None
+        _say(f"nbmon: wrote {ns.html}", sys.stdout)
     return 0
 
 

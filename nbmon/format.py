@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from decimal import ROUND_HALF_UP, Decimal
 
 from .catalog import UNIT_SUFFIX
@@ -120,3 +121,18 @@ def _rounds_to_zero(text: str) -> bool:
     # The text of a magnitude that rounded to zero has no digit but 0 ("0.00 s").
     head = text.split(" ", 1)[0]
     return set(head) <= {"0", ".", ":"}
+
+
+# -- foreign text in a terminal (issue 17) ----------------------------------------------
+
+# C0 and C1 controls but tab and newline (escape sequences, carriage return,
+# backspace), and the bidirectional overrides that reorder what is shown.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text) -> str:
+    """``text`` made safe to print to a terminal: every control character
+    but tab and newline is shown as its Python escape (ESC as ``\\x1b``), so
+    a host name or file name from elsewhere can neither send escape
+    sequences to the terminal nor hide what it is."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], str(text))

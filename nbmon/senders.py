@@ -15,6 +15,7 @@ import json
 import os
 from typing import Callable, Mapping, Sequence
 
+from . import files
 from .values import known
 
 
@@ -23,14 +24,8 @@ class _LineFile:
 
     def __init__(self, path, overwrite: bool):
         self.path = os.fspath(path)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        flags |= os.O_TRUNC if overwrite else os.O_EXCL
-        try:
-            self.fd = os.open(self.path, flags, 0o666)  # the user's umask applies
-        except FileExistsError:
-            raise FileExistsError(f"{self.path} already exists; pass overwrite=True "
-                                  f"(or --force on the command line) to replace it") from None
-        self.size = os.fstat(self.fd).st_size
+        self.fd = files.create(self.path, overwrite=overwrite, append=True)  # the user's umask applies
+        self.size = 0
         self.lines = 0
 
     def write_lines(self, text: str, count: int) -> None:

@@ -140,3 +140,149 @@ def test_the_helper_starts_from_wherever_the_kernels_nbmon_came_from(tmp_path, w
     assert kernel["nbmon"] == os.path.join(copy, "__init__.py")
     assert kernel["backend"] == "process" and kernel["samples"] >= 3, done.stderr
     assert imported[str(kernel["helper"])].strip() == os.path.join(copy, "helper.py")
+
+
+# -- outputs never written through a planted link --------------------------------------------
+
+PROTECTED = ("/proc/sys/fs/protected_symlinks", "/proc/sys/fs/protected_regular")
+
+
+@pytest.fixture(params=["0", "1"], ids=["protected_links_off", "protected_links_on"])
+def protected(request):
+    """``fs.protected_symlinks`` and ``fs.protected_regular`` both off (as on
+    many hosts, and this one) or on, restored after the test."""
+    saved = []
+    try:
+        for path in PROTECTED:
+            with open(path) as f:
+                saved.append((path, f.read().strip()))
+            with open(path, "w") as f:
+                f.write(request.param)
+    except OSError as err:
+        pytest.skip(f"cannot set {path}: {err}")
+    try:
+        yield request.param == "1"
+    finally:
+        for path, value in saved:
+            with open(path, "w") as f:
+                f.write(value)
+
+
+def nbmon_cli(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nbmon.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+LINK = "import os, sys; os.symlink(sys.argv[1], sys.argv[2])"
+PRECIOUS = "the victim's own file\n"
+
+
+def precious_file(tmp_path) -> str:
+    path = tmp_path / "precious"
+    path.write_text(PRECIOUS)
+    return str(path)
+
+
+@pytest.mark.parametrize("option", ["--csv", "--jsonl", "--summary-json", "--html"])
+def test_force_replaces_a_link_the_other_user_planted_never_its_target(
+        tmp_path, other_user, shared_dir, protected, option):
+    precious = precious_file(tmp_path)
+    out = os.path.join(shared_dir, "run.out")
+    other_user.python(LINK, precious, out)
+    done = nbmon_cli("run", "--quiet", "--interval", "0.05", option, out, "--force", "--",
+                     sys.executable, "-c", "pass")
+    written = open(out).read() if not os.path.islink(out) else None
+    figure(f"--force over a planted link ({option}, protected {'on' if protected else 'off'})",
+           exit=done.returncode, target_untouched=open(precious).read() == PRECIOUS,
+           output_is_own_file=written is not None and os.lstat(out).st_uid == os.geteuid())
+    assert open(precious).read() == PRECIOUS
+    assert done.returncode == 0, done.stderr
+    assert written and os.lstat(out).st_uid == os.geteuid() and os.lstat(out).st_nlink == 1
+
+
+def test_force_over_a_file_the_other_user_planted_writes_nothing_into_theirs(
+        tmp_path, other_user, shared_dir, protected):
+    """A file of theirs at the name (mode 0666, a hard link kept at home):
+    the victim's samples must not land where they can read them."""
+    out = os.path.join(shared_dir, "run.csv")
+    kept = os.path.join(other_user.home, f"kept-{tmp_path.name}")
+    other_user.python("import os, sys; open(sys.argv[1], 'w').close(); os.chmod(sys.argv[1], 0o666); "
+                      "os.link(sys.argv[1], sys.argv[2])", out, kept)
+    done = nbmon_cli("run", "--quiet", "--interval", "0.05", "--csv", out, "--force", "--",
+                     sys.executable, "-c", "pass")
+    leaked = os.path.getsize(kept)
+    figure(f"--force over the other user's file (protected {'on' if protected else 'off'})",
+           exit=done.returncode, bytes_in_their_file=leaked)
+    assert leaked == 0
+    assert done.returncode == 0, done.stderr
+    assert os.lstat(out).st_uid == os.geteuid() and open(out).read().startswith("time,")
+
+
+@pytest.mark.parametrize("sender", ["CSVSender", "JSONLinesSender"])
+def test_senders_and_pages_replace_a_planted_link_never_its_target(tmp_path, other_user, shared_dir, sender):
+    from nbmon import senders
+    from nbmon.notebook.dashboard import write_html
+
+    precious = precious_file(tmp_path)
+    links = {name: os.path.join(shared_dir, name) for name in ("stream", "page.html", "default.html")}
+    for link in links.values():
+        other_user.python(LINK, precious, link)
+    out = getattr(senders, sender)(links["stream"], overwrite=True)
+    out.publish({"time": 1.0, "proc_rss_mb": 2.0})
+    out.close()
+    m = Monitor(interval=0.01, gpu=False).start()
+    assert m.stop(timeout=DEADLINE_S)
+    write_html(m, links["page.html"], overwrite=True)
+    with pytest.raises(FileExistsError):
+        write_html(m, links["default.html"])   # overwrite defaults to False
+    assert open(precious).read() == PRECIOUS
+    assert not os.path.islink(links["stream"]) and "2.0" in open(links["stream"]).read()
+    assert open(links["page.html"]).read().startswith("<!DOCTYPE html>")
+
+
+RANK_LINE = {"time": 1.7e9, "elapsed_s": 0.0, "rank": 0, "host": "h", "proc_rss_mb": 10.0, "proc_cpu_percent": 1.0}
+
+
+def test_the_ranks_report_replaces_a_planted_link_never_its_target(tmp_path, other_user, shared_dir, protected):
+    precious = precious_file(tmp_path)
+    ranks = tmp_path / "rank-00000.jsonl"
+    ranks.write_text("".join(json.dumps({**RANK_LINE, "time": 1.7e9 + k}) + "\n" for k in range(3)))
+    page = os.path.join(shared_dir, "report.html")
+    other_user.python(LINK, precious, page)
+    done = nbmon_cli("report", str(ranks), "--html", page, "--force")
+    assert open(precious).read() == PRECIOUS
+    assert done.returncode == 0, done.stderr
+    assert open(page).read().startswith("<!DOCTYPE html>")
+
+
+# -- foreign text never reaches the terminal as escapes ----------------------------------------
+
+ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[31m\r\u202e"
+CONTROLS = {c for c in ESCAPES if not c.isprintable()}   # ESC, BEL, CR, the right-to-left override
+
+
+def test_nbmon_report_prints_a_rank_files_host_without_its_escapes(tmp_path):
+    """A rank file (written by anyone: the job's directory may be shared)
+    whose host name is a terminal title, a screen clear and a colour."""
+    ranks = tmp_path / "rank-00000.jsonl"
+    ranks.write_text("".join(json.dumps({**RANK_LINE, "time": 1.7e9 + k, "host": "node" + ESCAPES}) + "\n"
+                             for k in range(3)))
+    named = tmp_path / f"rank-00001{ESCAPES[:6]}.jsonl"   # and a file name with one
+    named.write_text("not json\n")
+    done = nbmon_cli("report", str(ranks))
+    bad = nbmon_cli("report", str(named))
+    figure("nbmon report, host with escapes", controls_on_stdout=sum(c in CONTROLS for c in done.stdout),
+           shown_as=done.stdout.split("\n")[1][-60:])
+    assert done.returncode == 0, done.stderr
+    for text in (done.stdout, done.stderr, bad.stderr):
+        assert not CONTROLS & set(text), repr(text)
+    assert "on node\\x1b]0;owned\\x07\\x1b[2J\\x1b[31m\\r\\u202e" in done.stdout
+    assert bad.returncode == 2 and "rank-00001\\x1b]0;ow" in bad.stderr
+
+
+def test_nbmon_run_prints_its_command_and_faults_without_escapes(tmp_path):
+    done = nbmon_cli("run", "--interval", "0.05", "--csv", str(tmp_path / "out.csv"), "--",
+                     sys.executable, "-c", "pass", "arg" + ESCAPES, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not CONTROLS & set(done.stderr), repr(done.stderr)
+    assert "arg\\x1b]0;owned" in done.stderr

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from .. import catalog
+from .. import catalog, files
 from ..dask.wire import shown_column
 from ..format import fmt
 from ..render import FG, MUTED, svg_timeline
@@ -561,9 +561,9 @@ def ranks_figure(frame, points_per_trace: int = 2000):
 
 def write_ranks_html(frame, table, path, *, title: str, overwrite: bool = False) -> str:
     """An offline page: ``table`` (HTML: the slowest and largest ranks) above
-    :func:`ranks_figure` of ``frame`` (plotly.js embedded). Returns ``path``."""
-    import os
-
+    :func:`ranks_figure` of ``frame`` (plotly.js embedded). Returns ``path``;
+    an existing name is FileExistsError unless ``overwrite``, which replaces
+    the name, never what a link there points to (:mod:`nbmon.files`)."""
     import plotly.io as pio
 
     plot = pio.to_html(ranks_figure(frame), include_plotlyjs=True, full_html=False,
@@ -572,7 +572,4 @@ def write_ranks_html(frame, table, path, *, title: str, overwrite: bool = False)
             f'<title>nbmon: {html.escape(title)}</title></head>'
             '<body style="font-family:system-ui,sans-serif;margin:16px">'
             f'<h3 style="margin:0 0 8px">nbmon: {html.escape(title)}</h3>{table}{plot}</body></html>\n')
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if overwrite else os.O_EXCL)
-    with open(os.open(path, flags, 0o666), "w", encoding="utf-8") as f:
-        f.write(page)
-    return path
+    return files.write_text(path, page, overwrite=overwrite)
