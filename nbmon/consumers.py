@@ -37,19 +37,39 @@ class Consumer(Protocol):
         """The run is over (called once, after the final consume)."""
 
 
+CHUNK_ROWS = 1024      # samples per publish: the most one attempt of a failing sender costs
+RETRY_MAX_S = 60.0     # the longest wait between two attempts of a failing sender
+
+
+class SamplesLost(Exception):
+    """Samples the store decimated before a failing sender could take them."""
+
+
 class SampleForwarder:
     """Sends every sample of the store to ``sender`` as one event each:
-    ``{"time": epoch s, "elapsed_s": s since the run started, <column>: value, ...}``.
+    ``{"time": epoch s, "elapsed_s": s since the run started, <column>: value, ...}``,
+    in order, each exactly once.
 
-    ``lost`` counts samples the store had decimated before they could be
-    sent (only possible when a sender blocks for hours)."""
+    At most ``chunk`` samples go in one publish. A publish that raises is
+    tried again with the same samples, after twice the wait of the last
+    failure (from ``every_s`` up to ``retry_max_s``), so an outage costs one
+    bounded attempt now and then, not a growing backlog every second; once
+    the sender works again the backlog goes out, chunk after chunk.
+    Nothing is lost while the store still holds the samples (its raw ring:
+    tens of minutes at 10 Hz by default). Samples it decimated before they
+    could be sent are counted in ``lost`` and reported as a fault of
+    ``<sender> backlog`` (:class:`SamplesLost`)."""
 
-    def __init__(self, sender, every_s: float = DEFAULT_EVERY_S):
+    def __init__(self, sender, every_s: float = DEFAULT_EVERY_S, *, chunk: int = CHUNK_ROWS,
+                 retry_max_s: float = RETRY_MAX_S):
         self.sender = sender
-        self.every_s = every_s
+        self.every_s = self.base_every_s = every_s   # every_s: read by the consumer thread after each call
+        self.chunk, self.retry_max_s = chunk, retry_max_s
         self.cursor = 0
         self.lost = 0
         self.sent = 0
+        self.failures = 0   # failed publishes in a row
+        self._unreported = 0
         self._store = None
 
     @property
@@ -62,24 +82,47 @@ class SampleForwarder:
             # the last run's cursor would skip its first samples.
             self.cursor, self._store = 0, store
         t, wall, rows, next_seq, lost = store.rows_since(self.cursor)
+        self.cursor += lost
         self.lost += lost
-        if len(t) == 0:
-            self.cursor = next_seq
-            return
+        self._unreported += lost
         columns = store.columns
-        events = [{"time": w, "elapsed_s": ti - store.t_start, **dict(zip(columns, row))}
-                  for ti, w, row in zip(t.tolist(), wall.tolist(), rows.T.tolist())]
+        for lo in range(0, len(t), self.chunk):
+            hi = min(lo + self.chunk, len(t))
+            events = [{"time": w, "elapsed_s": ti - store.t_start, **dict(zip(columns, row))}
+                      for ti, w, row in zip(t[lo:hi].tolist(), wall[lo:hi].tolist(), rows[:, lo:hi].T.tolist())]
+            try:
+                self._publish(events, store)
+            except Exception:
+                self.failures += 1
+                self.every_s = max(self.base_every_s, min(self.base_every_s * 2 ** min(self.failures, 32),
+                                                          self.retry_max_s))
+                raise
+            self.failures, self.every_s = 0, self.base_every_s
+            if self._store is not store:
+                return
+        if self._store is store:
+            self.cursor = max(self.cursor, next_seq)
+        if self._unreported:   # said once the sender works again: it is the cause
+            lost, self._unreported = self._unreported, 0
+            raise SamplesLost(f"{lost} samples were decimated by the store before {self.name} could take "
+                              f"them (it failed for that long); {self.lost} lost in all")
+
+    def _publish(self, events: list[dict], store) -> None:
         many = getattr(self.sender, "publish_many", None)
         if many is not None:
             many(events)
+            self._advance(store, len(events))
         else:
             for event in events:
                 self.sender.publish(event)
-        # Advance only after a successful publish, so a failed write is retried;
-        # and not if a later run's call took over while this publish was stuck.
+                self._advance(store, 1)
+
+    def _advance(self, store, count: int) -> None:
+        # Only past what was published, so a failed publish is retried; and
+        # not if a later run's call took over while this publish was stuck.
         if self._store is store:
-            self.cursor = next_seq
-        self.sent += len(events)
+            self.cursor += count
+            self.sent += count
 
     def close(self) -> None:
         close = getattr(self.sender, "close", None)
@@ -172,5 +215,7 @@ class ConsumerThread:
     def _call(self, consumer, final: bool) -> None:
         try:
             consumer.consume(self.store, final)
+        except SamplesLost as err:  # its own fault: the sender's first error stays what it was
+            self.faults.record(f"{source_name(consumer)} backlog", err)
         except Exception as err:  # a broken consumer must not stop the others
             self.faults.record(consumer, err)

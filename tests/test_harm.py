@@ -286,3 +286,84 @@ def test_nbmon_run_prints_its_command_and_faults_without_escapes(tmp_path):
     assert done.returncode == 0, done.stderr
     assert not CONTROLS & set(done.stderr), repr(done.stderr)
     assert "arg\\x1b]0;owned" in done.stderr
+
+
+# -- a failing file sender backs off, bounded, and loses nothing the store holds -----------------
+
+OUTAGE_CHILD = textwrap.dedent("""
+    import inspect, json, os, resource, sys, time
+    from nbmon import senders
+    from nbmon.consumers import SampleForwarder
+    from nbmon.engine import Monitor
+
+    path, max_bytes, outage_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    attempts = []   # (monotonic time, samples, written)
+
+    class Counting(senders.JSONLinesSender):
+        def publish_many(self, events):
+            try:
+                super().publish_many(events)
+            except OSError:
+                attempts.append((time.monotonic(), len(events), False))
+                raise
+            attempts.append((time.monotonic(), len(events), True))
+
+    # The same run on code without the knobs shows what it did before.
+    knobs = {k: v for k, v in {"chunk": 100, "retry_max_s": 0.32}.items()
+             if k in inspect.signature(SampleForwarder).parameters}
+    forward = SampleForwarder(Counting(path), every_s=0.01, **knobs)
+    mon = Monitor(interval=0.005, gpu=False, max_bytes=max_bytes, consumers=[forward]).start()
+    deadline = time.monotonic() + 30
+    while forward.sender.lines_written < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    limit = os.path.getsize(path)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))   # the disk is full (EFBIG)
+    t_full, seq_full = time.monotonic(), mon.store.seq
+    time.sleep(outage_s)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))   # room again
+    t_back, seq_back = time.monotonic(), mon.store.seq
+    while forward.sent + forward.lost < seq_back and time.monotonic() < deadline:
+        time.sleep(0.005)
+    clean = mon.stop(timeout=10)
+    with open(path) as f:
+        lines = [json.loads(line) for line in f]
+    print(json.dumps({"attempts": attempts, "t_full": t_full, "t_back": t_back, "seq_full": seq_full,
+                      "seq_back": seq_back, "seq": mon.store.seq, "sent": forward.sent, "lost": forward.lost,
+                      "clean": clean, "elapsed": [line["elapsed_s"] for line in lines],
+                      "faults": {k: [f.count, f.first_error] for k, f in mon.faults.items()}}))
+""")
+
+
+def outage(tmp_path, max_bytes: int, outage_s: float = 3.0) -> dict:
+    done = subprocess.run([sys.executable, "-c", OUTAGE_CHILD, str(tmp_path / "out.jsonl"), str(max_bytes),
+                           str(outage_s)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_sender_failing_for_long_backs_off_each_try_bounded_and_loses_nothing(tmp_path):
+    run = outage(tmp_path, max_bytes=16 << 20)
+    failed = [(t, n) for t, n, ok in run["attempts"] if not ok and run["t_full"] <= t <= run["t_back"]]
+    figure("file sender, 3 s outage at 200 Hz", failed_attempts=len(failed),
+           largest_failed_attempt=max(n for _, n in failed), samples_in_outage=run["seq_back"] - run["seq_full"],
+           lines=len(run["elapsed"]), samples=run["seq"], lost=run["lost"])
+    # Backed off: from 10 ms doubling to 0.32 s, some 14 tries in 3 s (a try every 10 ms before: ~300).
+    assert 3 <= len(failed) <= 30, len(failed)
+    assert max(n for _, n in failed) <= 100   # each try one chunk (before: the whole backlog, growing)
+    # Nothing lost once the disk is back: every sample once, in order.
+    assert run["clean"] and run["lost"] == 0
+    assert len(run["elapsed"]) == run["seq"] == run["sent"]
+    assert all(a < b for a, b in zip(run["elapsed"], run["elapsed"][1:]))
+    (count, first), = run["faults"].values()
+    assert count == len([a for a in run["attempts"] if not a[2]]) and "File too large" in first
+
+
+def test_samples_the_store_decimated_during_an_outage_are_counted_and_reported(tmp_path):
+    # A store that holds 128 raw samples: 3 s at 200 Hz do not fit.
+    run = outage(tmp_path, max_bytes=128 * 8 * 80)
+    figure("file sender, 3 s outage, 128-sample store", lost=run["lost"], lines=len(run["elapsed"]),
+           samples=run["seq"], faults=run["faults"])
+    assert run["lost"] > 0 and len(run["elapsed"]) + run["lost"] == run["seq"]
+    assert all(a < b for a, b in zip(run["elapsed"], run["elapsed"][1:]))
+    count, first = run["faults"]["Counting backlog"]
+    assert f"samples were decimated by the store before Counting could take them" in first
