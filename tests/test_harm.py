@@ -367,3 +367,49 @@ def test_samples_the_store_decimated_during_an_outage_are_counted_and_reported(t
     assert all(a < b for a, b in zip(run["elapsed"], run["elapsed"][1:]))
     count, first = run["faults"]["Counting backlog"]
     assert f"samples were decimated by the store before Counting could take them" in first
+
+
+# -- long sessions: the per-cell history is bounded ---------------------------------------------
+
+def vm_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def test_20000_cells_keep_the_history_bounded():
+    from nbmon.notebook import session
+    from nbmon.options import Options
+
+    s = session.Session()
+    monitor, _ = s.ensure_monitor(Options(interval=1.0, gpu=False, system=False, children=False,
+                                          max_bytes=1 << 20))   # its store is full long before the end
+    rss = {}
+    try:
+        for n in range(1, 20_001):
+            with s.cell(execution_count=n, label=f"cell {n}", keep_running=True):
+                pass
+            if n in (10_000, 20_000):
+                rss[n] = vm_rss_mb()
+    finally:
+        assert monitor.stop(timeout=DEADLINE_S)
+    figure("20,000 cells", records=len(s.records), rss_growth_mb_10k_to_20k=round(rss[20_000] - rss[10_000], 2),
+           with_stats=sum("stats" in r for r in s.records))
+    assert len(s.records) == session.MAX_RECORDS == 10_000
+    assert [r["execution_count"] for r in s.records] == list(range(10_001, 20_001))
+    assert [r for r in s.records if "stats" in r] == [s.records[-1]]   # the newest cell's record is drawn from it
+    assert rss[20_000] - rss[10_000] < 8.0   # before: a record more per cell, +27 MiB over these 10,000
+
+
+def test_the_workers_history_keeps_whole_cells_within_its_bounds(monkeypatch):
+    import nbmon.dask as nbdask
+    from nbmon.dask.client import NO_ANSWER
+
+    monkeypatch.setattr(nbdask, "_cells", type(nbdask._cells)())
+    monkeypatch.setattr(nbdask, "_rows", 0)
+    base = {"label": "", "start_time": 1.7e9, "status": "ok", "duration_sec": 1.0, "summary": NO_ANSWER}
+    for n in range(1, 20_001):   # 3 workers a cell, then a cluster of 60,000 workers for one cell
+        nbdask._keep([{**base, "execution_count": n, "worker": f"tcp://w{k}", "host": "h"} for k in range(3)])
+    frame = nbdask.history()
+    assert len(frame) == 30_000 and frame["execution_count"].iloc[0] == 10_001
+    nbdask._keep([{**base, "execution_count": 20_001, "worker": f"tcp://w{k}", "host": "h"} for k in range(60_000)])
+    assert len(nbdask.history()) == 60_000 and set(nbdask.history()["execution_count"]) == {20_001}

@@ -27,6 +27,7 @@ plugins there. Importing this module does not import distributed; watching does.
 """
 from __future__ import annotations
 
+import collections
 import math
 from contextlib import contextmanager
 
@@ -35,7 +36,10 @@ from ..options import Options
 __all__ = ["watch", "unwatch", "watching", "history", "samples", "cell", "cell_html", "client_named"]
 
 _watch = None            # the Watch of the cluster being watched (one at a time)
-_records: list[dict] = []   # one per (cell, worker), for history(workers=True)
+MAX_CELLS = 10_000       # cells history(workers=True) keeps, as nbmon.history() does
+MAX_ROWS = 50_000        # and (cell, worker) rows, whole cells: some 0.75 KiB each
+_cells: collections.deque = collections.deque()   # per cell, its rows: one per worker
+_rows = 0
 
 
 def _distributed():
@@ -122,7 +126,17 @@ def cell(record: dict):
             row.update(base, duration_sec=row["summary"].duration_sec,
                        status=base["status"] if answered else "no answer")
         record["workers"] = rows
-        _records.extend(rows)
+        _keep(rows)
+
+
+def _keep(rows: list[dict]) -> None:
+    """Add a cell's rows to the history, the oldest cells going first beyond
+    MAX_CELLS cells or MAX_ROWS rows (the newest cell stays, whatever its size)."""
+    global _rows
+    _cells.append(rows)
+    _rows += len(rows)
+    while len(_cells) > 1 and (len(_cells) > MAX_CELLS or _rows > MAX_ROWS):
+        _rows -= len(_cells.popleft())
 
 
 def cell_html(record: dict) -> str:
@@ -135,14 +149,17 @@ def cell_html(record: dict) -> str:
 
 
 def history():
-    """One row per (monitored cell, worker): the columns of ``nbmon.history()``
-    with ``worker`` and ``host`` after ``status``; a worker that did not
-    answer at the cell's end has status 'no answer' and no figures."""
+    """One row per (monitored cell, worker), for the last 10,000 cells and
+    at most 50,000 rows (the oldest cells go first): the columns of
+    ``nbmon.history()`` with ``worker`` and ``host`` after ``status``; a
+    worker that did not answer at the cell's end has status 'no answer' and
+    no figures."""
     from ..tables import history_frame
 
-    frame = history_frame(_records)
-    frame.insert(5, "worker", [r["worker"] for r in _records])
-    frame.insert(6, "host", [r["host"] for r in _records])
+    rows = [row for cell_rows in _cells for row in cell_rows]
+    frame = history_frame(rows)
+    frame.insert(5, "worker", [r["worker"] for r in rows])
+    frame.insert(6, "host", [r["host"] for r in rows])
     return frame
 
 

@@ -15,7 +15,14 @@ from ..tables import history_frame, samples_frame
 from .charts import svg_record_timeline
 
 
+MAX_RECORDS = 10_000   # cells the history keeps: the oldest go first
+
+
 class Session:
+    """``records``: the history, one dict per monitored cell, the last
+    MAX_RECORDS cells (some 0.75 KiB each); the newest also keeps its
+    window's statistics (``stats``), which its static record is drawn from."""
+
     def __init__(self):
         self.monitor: Monitor | None = None
         self.records: list[dict] = []
@@ -53,8 +60,14 @@ class Session:
             record["summary"] = summary
             record["duration_sec"] = summary.duration_sec
             if not summary.duration_sec < min_duration_s:
-                self.records.append(record)
+                self._keep(record)
                 self.last = summary
+
+    def _keep(self, record: dict) -> None:
+        if self.records:
+            self.records[-1].pop("stats", None)   # a column of statistics per metric: the newest cell's only
+        self.records.append(record)
+        del self.records[:-MAX_RECORDS]
 
     def stop(self) -> ResourceSummary | None:
         if self.monitor is None:
@@ -81,7 +94,7 @@ def monitor(options: Options | None = None, *, consumers=(), **settings) -> Moni
 
 
 def history(workers: bool = False):
-    """pandas DataFrame, one row per monitored cell: execution_count, label,
+    """pandas DataFrame, one row per monitored cell (the last 10,000): execution_count, label,
     start_time (UTC), duration_sec, status ('ok', 'failed', 'interrupted'),
     then the ResourceSummary fields (units in their names: _mb is MiB);
     GPU columns only when some cell has a GPU figure. ``workers=True``: one
