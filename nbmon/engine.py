@@ -212,9 +212,11 @@ class Monitor:
         return out
 
     @property
-    def peak_exact(self) -> bool | None:
-        """Whether peak RSS is the kernel's exact high-water mark (None before start)."""
-        return self._info().get("peak_exact")
+    def peaks(self) -> str | None:
+        """How this run reads peaks (None before start): "high-water marks"
+        (read, never reset: nothing changes in the watched processes),
+        "reset" (``exact_peaks=True``) or "sampled" (no marks: not Linux)."""
+        return self._info().get("peaks")
 
     @property
     def gpu_state(self) -> str:
@@ -229,7 +231,7 @@ class Monitor:
         """Summary of the current (or last) run, exact over every sample."""
         if self._run_window is None:
             return ResourceSummary.zeroed()
-        return summarize(self._run_window.stats(), peak_exact=self.peak_exact)
+        return summarize(self._run_window.stats())
 
     def window(self) -> "Span":
         """Open a span whose summary covers only what happens from now on.
@@ -259,7 +261,7 @@ class Span:
         self.t_open = window.folded.t_open
 
     def summary(self) -> ResourceSummary:
-        return summarize(self.window.stats(), peak_exact=self.monitor.peak_exact)
+        return summarize(self.window.stats())
 
     def close(self) -> ResourceSummary:
         if self.window.closed is None:

@@ -14,7 +14,7 @@ when the *thread* that started the helper ends, which would kill a monitor
 started from a short-lived thread.)
 
 Wire format, helper -> kernel, each message ``kind (1 byte) + length (u32) +
-payload``: ``H`` header JSON (fields, t_start, peak_exact, gpu_state,
+payload``: ``H`` header JSON (fields, t_start, peaks, gpu_state,
 gpu_devices), ``S`` float64 records ``[tag, t, wall, *values]`` (tag > 0
 answers a boundary request), ``F`` faults JSON, ``E`` a start error in
 words. Kernel -> helper, lines on stdin: ``b <tag>`` takes a boundary sample

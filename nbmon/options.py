@@ -18,6 +18,7 @@ MIN_INTERVAL_S = 0.001       # below this the sampler would only spin
 MAX_INTERVAL_S = 86400.0
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 BACKENDS = ("thread", "process")
+DEFAULT_MEMORY_WARNING_PERCENT = 90.0
 
 
 def check_interval(value, name: str = "interval") -> float:
@@ -60,26 +61,33 @@ class Options:
 
     ``interval`` seconds between samples; ``children``: the watched
     process's descendants too; ``system``: machine-wide and container
-    (cgroup) figures; ``gpu``: NVIDIA GPUs through NVML; ``exact_peak``:
-    the kernel's high-water marks for peak RSS (Linux); ``backend``: sample
+    (cgroup) figures; ``gpu``: NVIDIA GPUs through NVML; ``exact_peaks``:
+    reset the kernel's high-water marks of the watched processes so that
+    every interval's peak is exact (Linux) -- this changes what other tools
+    read about those processes (VmHWM, ``getrusage``'s ``ru_maxrss``,
+    ``/usr/bin/time -v``), so it is off unless asked for; ``backend``: sample
     from a ``"thread"`` in this process or from a helper ``"process"``;
     ``max_bytes``: the store's bound; ``adopt``: also count this process's
     other children, which are what the watched process orphaned when this
-    process is their subreaper (``nbmon run``).
+    process is their subreaper (``nbmon run``). ``memory_warning_percent``:
+    the notebook tells the running cell once when the container's memory
+    reaches this share of its limit (without a limit: when the machine's
+    used memory does); None: never (:mod:`nbmon.memwarn`).
     """
 
     interval: float = DEFAULT_INTERVAL_S
     children: bool = True
     system: bool = True
     gpu: bool = True
-    exact_peak: bool = True
+    exact_peaks: bool = False
     backend: str = "thread"
     max_bytes: int = DEFAULT_MAX_BYTES
     adopt: bool = False
+    memory_warning_percent: float | None = DEFAULT_MEMORY_WARNING_PERCENT
 
     def __post_init__(self):
         object.__setattr__(self, "interval", check_interval(self.interval))
-        for name in ("children", "system", "gpu", "exact_peak", "adopt"):
+        for name in ("children", "system", "gpu", "exact_peaks", "adopt"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.backend not in BACKENDS:
@@ -87,6 +95,13 @@ class Options:
                              f"got {self.backend!r}")
         if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes <= 0:
             raise ValueError(f"max_bytes must be a positive whole number of bytes, got {self.max_bytes!r}")
+        percent = self.memory_warning_percent
+        if percent is not None:
+            if isinstance(percent, bool) or not isinstance(percent, (int, float)) \
+                    or not 0 < percent < 100:  # NaN fails this too
+                raise ValueError(f"memory_warning_percent must be a percentage between 0 and 100 "
+                                 f"(None: no warning), got {percent!r}")
+            object.__setattr__(self, "memory_warning_percent", float(percent))
 
     @classmethod
     def of(cls, options: "Options | None" = None, **changes) -> "Options":

@@ -39,16 +39,31 @@ class ResourceSample:
 class ResourceSummary:
     """Aggregated resource usage over a monitoring period.
 
-    The first nine fields are calibrax's. Means are time-weighted (each
-    sample stands for the interval before it), which equals calibrax's plain
-    mean when samples are evenly spaced and stays right when they are not.
-    ``peak_rss_mb`` comes from the kernel's high-water marks when
-    ``peak_rss_exact`` is True, so spikes between samples are caught: exact
-    when the tree was one process (``max_processes`` 1), otherwise an upper
-    bound (see nbmon.sources.proctree). ``cpu_time_sec`` is read from the
-    kernel's CPU clocks, and ``mean_cpu_percent`` is it over the duration.
-    ``memory_limit_mb`` and ``oom_kills`` are the container's (cgroup's):
-    its memory limit, and the processes its OOM killer killed in the period.
+    The first nine fields are calibrax's: ``peak_rss_mb``, ``mean_rss_mb``
+    and ``memory_growth_mb`` are of the tree's RSS *sum*, which counts a page
+    shared by forked workers once per process (as psutil and calibrax do).
+    Means are time-weighted (each sample stands for the interval before
+    it), which equals calibrax's plain mean when samples are evenly spaced
+    and stays right when they are not.
+
+    nbmon's headline memory is the tree's ``peak_mem_mb`` / ``mean_mem_mb``
+    / ``mem_growth_mb``: its PSS, shared pages counted once
+    (nbmon.sources.proctree). ``peak_mem_kind`` says what its peak is:
+    "exact" (one process, its high-water mark rose in the period or it could
+    not have grown between samples), "upper bound" (several processes, each
+    one's own peak known, but they need not have coincided) or "sampled" (a
+    spike between samples may be missing; ``peak_mem_bound_mb`` is then the
+    most it can have been, None when not even that is known).
+    ``peak_rss_exact`` is True for the first two. The RSS growth by kind --
+    anonymous, file-backed (page cache of mapped files: reclaimable), shared
+    memory (/dev/shm) -- says what a growth was.
+
+    ``cpu_time_sec`` is read from the kernel's CPU clocks, and
+    ``mean_cpu_percent`` is it over the duration. ``memory_limit_mb``,
+    ``peak_container_mem_mb`` and ``oom_kills`` are the container's
+    (cgroup's): its memory limit, its usage at its highest in the period
+    (what the OOM killer compares with the limit), and the processes its
+    OOM killer killed in the period.
     """
 
     peak_rss_mb: float
@@ -71,14 +86,22 @@ class ResourceSummary:
     oom_kills: int | None = None
     start_time: float | None = None
     end_time: float | None = None
+    peak_mem_mb: float | None = None
+    peak_mem_kind: str | None = None
+    peak_mem_bound_mb: float | None = None
+    mean_mem_mb: float | None = None
+    mem_growth_mb: float | None = None
+    anon_growth_mb: float | None = None
+    file_growth_mb: float | None = None
+    shmem_growth_mb: float | None = None
+    peak_container_mem_mb: float | None = None
 
     @property
     def peak_rss_kind(self) -> str:
-        """How ``peak_rss_mb`` was found: 'exact', 'upper bound' (a tree's,
-        from each process's high-water mark) or 'sampled' (a lower bound)."""
-        if not self.peak_rss_exact:
-            return "sampled"
-        return "exact" if (self.max_processes or 1) <= 1 else "upper bound"
+        """How the peaks were found: 'exact', 'upper bound' or 'sampled'."""
+        if self.peak_mem_kind is not None:
+            return self.peak_mem_kind
+        return "exact" if self.peak_rss_exact else "sampled"
 
     @classmethod
     def zeroed(cls) -> "ResourceSummary":
@@ -119,16 +142,35 @@ class ResourceSummary:
     def rows(self) -> list[tuple[str, str]]:
         """(title, text) pairs: every figure through :func:`nbmon.format.fmt`
         in its catalog column's unit, as the live meter shows it."""
-        kind = "" if self.peak_rss_exact is None else f" ({self.peak_rss_kind})"
-        mib, pct = unit_of("proc_rss_mb"), unit_of("proc_cpu_percent")
-        rows = [
-            ("Duration", fmt(self.duration_sec, "s")),
-            ("Peak RSS" + kind, fmt(self.peak_rss_mb, unit_of("proc_rss_peak_mb"))),
-            ("RSS growth", fmt(self.memory_growth_mb, mib, signed=True)),
-            ("Mean RSS", fmt(self.mean_rss_mb, mib)),
-        ]
+        mib, pct = unit_of("proc_pss_mb"), unit_of("proc_cpu_percent")
+        rows = [("Duration", fmt(self.duration_sec, "s"))]
+        if self.peak_mem_mb is not None:
+            peak = fmt(self.peak_mem_mb, mib)
+            if self.peak_mem_kind == "sampled" and self.peak_mem_bound_mb is not None \
+                    and self.peak_mem_bound_mb > self.peak_mem_mb + 1.0:
+                peak += f" (at most {fmt(self.peak_mem_bound_mb, mib)})"
+            rows += [(f"Peak memory ({self.peak_mem_kind})", peak),
+                     ("Memory growth", fmt(self.mem_growth_mb, mib, signed=True)),
+                     ("Mean memory", fmt(self.mean_mem_mb, mib))]
+            if self.peak_rss_mb > max(self.peak_mem_mb * SHARED_SHOWN, self.peak_mem_mb + 16.0):
+                rows.append(("Peak RSS sum (shared pages in each process)", fmt(self.peak_rss_mb, mib)))
+            split = [(name, value) for name, value in (("anon", self.anon_growth_mb),
+                                                       ("page cache", self.file_growth_mb),
+                                                       ("shared memory", self.shmem_growth_mb))
+                     if value is not None]
+            if any(abs(value) >= 1.0 for name, value in split if name != "anon"):
+                rows.append(("RSS growth by kind", " · ".join(f"{name} {fmt(value, mib, signed=True)}"
+                                                              for name, value in split)))
+        else:  # a summary read from calibrax's fields only
+            kind = "" if self.peak_rss_exact is None else f" ({self.peak_rss_kind})"
+            rows += [("Peak RSS" + kind, fmt(self.peak_rss_mb, mib)),
+                     ("RSS growth", fmt(self.memory_growth_mb, mib, signed=True)),
+                     ("Mean RSS", fmt(self.mean_rss_mb, mib))]
         if self.memory_limit_mb is not None:
-            rows.append(("Memory limit (container)", fmt(self.memory_limit_mb, unit_of("cgroup_mem_limit_mb"))))
+            limit = unit_of("cgroup_mem_limit_mb")
+            used = "" if self.peak_container_mem_mb is None else f"{fmt(self.peak_container_mem_mb, limit)} of "
+            rows.append(("Container memory peak / limit" if used else "Memory limit (container)",
+                         f"{used}{fmt(self.memory_limit_mb, limit)}"))
         if self.oom_kills:
             rows.append(("OOM kills (container)", fmt(self.oom_kills, unit_of("cgroup_oom_kills"))))
         if self.mean_cpu_percent is not None:
@@ -158,6 +200,10 @@ class ResourceSummary:
         return html_table("Resource summary", self.rows())
 
 
+# The RSS sum is shown beside the memory when shared pages make it this much larger.
+SHARED_SHOWN = 1.05
+PEAK_KINDS = ("exact", "upper bound", "sampled")
+EXACT_SLACK_MB = 1.0   # an upper end this close to the peak closes the bracket
 _REQUIRED = ("peak_rss_mb", "mean_rss_mb", "memory_growth_mb", "num_samples", "duration_sec")
 _ALWAYS_WRITTEN = _REQUIRED + ("peak_gpu_mem_mb", "mean_gpu_util")
 _TYPES = {f.name: f.type for f in dataclasses.fields(ResourceSummary)}
@@ -167,6 +213,8 @@ def _primitive(name: str, value):
     # numpy / JAX scalars become plain Python numbers (calibrax's "JAX scalar safety").
     if value is None:
         return None
+    if _TYPES[name].startswith("str"):
+        return str(value)
     if _TYPES[name].startswith("bool"):
         return bool(value)
     if _TYPES[name].startswith("int"):
@@ -183,6 +231,11 @@ def _checked(name: str, value):
     if kind.startswith("bool"):
         if not isinstance(value, bool):
             raise ValueError(f"ResourceSummary.from_dict: {name} must be true or false, got {value!r}")
+        return value
+    if kind.startswith("str"):
+        if value not in PEAK_KINDS:
+            raise ValueError(f"ResourceSummary.from_dict: {name} must be one of "
+                             f"{', '.join(map(repr, PEAK_KINDS))}, got {value!r}")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, complex):
         raise ValueError(f"ResourceSummary.from_dict: {name} must be a number, got {value!r}")
@@ -205,6 +258,12 @@ FROM_WINDOW = {
     "peak_proc_gpu_mem_mb": ("max", "gpu_proc_mem_mb"),
     "cpu_time_sec": ("delta", "proc_cpu_time_s"),
     "memory_limit_mb": ("last", "cgroup_mem_limit_mb"),
+    "mean_mem_mb": ("mean", "proc_pss_mb"),
+    "mem_growth_mb": ("delta", "proc_pss_mb"),
+    "anon_growth_mb": ("delta", "proc_rss_anon_mb"),
+    "file_growth_mb": ("delta", "proc_rss_file_mb"),
+    "shmem_growth_mb": ("delta", "proc_rss_shmem_mb"),
+    "peak_container_mem_mb": ("max", "cgroup_mem_used_mb"),
 }
 # Counts: whole numbers.
 COUNTS_FROM_WINDOW = {
@@ -213,7 +272,21 @@ COUNTS_FROM_WINDOW = {
 }
 
 
-def summarize(stats, *, peak_exact: bool | None = None) -> ResourceSummary:
+def peak_of(stats) -> tuple[float | None, str | None, float | None]:
+    """(peak, kind, at most) of a window's tree memory: see ResourceSummary."""
+    peak = known(stats.value("max", "proc_pss_peak_mb"))
+    if peak is None:  # no high-water marks (or a window of other columns)
+        sampled = "proc_pss_mb" in stats.columns or "proc_rss_mb" in stats.columns
+        return known(stats.value("max", "proc_pss_mb")), ("sampled" if sampled else None), None
+    bound_col = stats.columns.index("proc_pss_peak_bound_mb")
+    bound = known(stats.value("max", "proc_pss_peak_bound_mb")) if stats.n[bound_col] == stats.count else None
+    # The highest peak is the span's when no interval could have been higher.
+    if bound is None or bound > peak + EXACT_SLACK_MB:
+        return peak, "sampled", bound
+    return peak, ("exact" if stats.value("max", "proc_count") <= 1 else "upper bound"), None
+
+
+def summarize(stats) -> ResourceSummary:
     """ResourceSummary of a store window's :class:`~nbmon.store.Stats`."""
     if stats.count == 0:
         return ResourceSummary.zeroed()
@@ -222,19 +295,25 @@ def summarize(stats, *, peak_exact: bool | None = None) -> ResourceSummary:
     rss_peak = known(stats.value("max", "proc_rss_peak_mb"))
     if rss_peak is None:
         rss_peak = known(stats.value("max", "proc_rss_mb"))
+    peak_mem, kind, bound = peak_of(stats)
     growth = stats.value("delta", "proc_rss_mb")
     duration = stats.duration
     if figures["cpu_time_sec"] is not None and duration > 0:
         # Exact, from the CPU clocks; the mean of the % column would miss the
         # CPU of processes found late (counted in the time, not in any %).
         figures["mean_cpu_percent"] = figures["cpu_time_sec"] / duration * 100.0
+    if figures["mean_cpu_percent"] is not None:
+        # A span shorter than an interval has a mean from the clocks but no
+        # whole interval's rate: its busiest moment was at least its mean.
+        figures["peak_cpu_percent"] = max(figures["peak_cpu_percent"] or 0.0, figures["mean_cpu_percent"])
     start = stats.wall_first - (stats.t_first - stats.t_open) if stats.t_open == stats.t_open else stats.wall_first
     return ResourceSummary(
         peak_rss_mb=rss_peak or 0.0,
         memory_growth_mb=known(growth) or 0.0,
         num_samples=int(stats.count),
         duration_sec=float(duration),
-        peak_rss_exact=peak_exact if "proc_rss_mb" in stats.columns else None,
+        peak_rss_exact=kind in ("exact", "upper bound") if kind is not None else None,
+        peak_mem_mb=peak_mem, peak_mem_kind=kind, peak_mem_bound_mb=bound,
         start_time=known(start),
         end_time=known(stats.wall_last),
         **{**figures, "mean_rss_mb": figures["mean_rss_mb"] or 0.0},

@@ -97,7 +97,9 @@ def test_an_oom_kill_in_the_container_is_in_the_span_that_saw_it(limited):
         summary = span.summary()
     assert summary.oom_kills == 1 and summary.memory_limit_mb == 300
     rows = dict(summary.rows())
-    assert rows["Memory limit (container)"] == "300 MiB" and rows["OOM kills (container)"] == "1"
+    # The container's limit stands beside the container's own usage at its highest.
+    assert rows["Container memory peak / limit"].endswith(" of 300 MiB") and rows["OOM kills (container)"] == "1"
+    assert 0 < summary.peak_container_mem_mb <= 300
     assert limited.poll() is None  # the limited process itself lives on
 
 

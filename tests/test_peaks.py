@@ -1,6 +1,6 @@
-"""The shared high-water mark: any number of readers of one process, in this
-process or in others, each get every peak, though the kernel keeps one mark
-per process and every reset clears it for all."""
+"""The shared high-water mark of ``exact_peaks=True``: any number of readers
+of one process, in this process or in others, each get every peak, though
+the kernel keeps one mark per process and every reset clears it for all."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,8 @@ import sys
 import time
 
 from helpers import wait_until
-from nbmon.sources.peaks import PeakMark, start_time_ticks
+from nbmon.runtime import pid_started
+from nbmon.sources.peaks import PeakMark
 
 MIB_KB = 1024
 
@@ -119,7 +120,7 @@ def test_a_reused_pid_gets_a_board_of_its_own():
     try:
         mark = PeakMark(child.pid)
         assert mark.open()
-        assert mark.path.endswith(f"-{child.pid}-{start_time_ticks(child.pid)}")
+        assert mark.path.endswith(f"/{child.pid}-{pid_started(child.pid)}")
         mark.close()
     finally:
         child.kill()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
-from helpers import DEADLINE_S, burn_cpu, fd_count, free_pid, wait_until
+from helpers import DEADLINE_S, burn_cpu, fd_count, free_pid, in_forked_child, wait_until
 from nbmon import catalog
 from nbmon.sources.proctree import ProcessTree
 
@@ -131,8 +132,8 @@ def test_backend_and_fields(use_proc):
     tree.start()
     try:
         s = sample(tree)
-        # Threads and I/O are read on the cadence: not in a sample between two reads.
-        assert math.isnan(s["proc_threads"]) and math.isnan(s["proc_read_bytes"])
+        # I/O is read on the cadence: not in a sample between two reads.
+        assert math.isnan(s["proc_read_bytes"])
         tree.boundary()  # a span's boundary reads them
         s = sample(tree)
         assert tree.fields == FIELDS and set(s) == set(FIELDS)
@@ -370,7 +371,7 @@ def test_children_false_ignores_children(use_proc, driver):
         tree.close()
 
 
-# -- exact peak --------------------------------------------------------------
+# -- peaks ---------------------------------------------------------------------
 
 def spike_160mib() -> None:
     spike = np.ones(160 * MIB // 8)  # allocated and written: 160 MiB resident
@@ -378,13 +379,21 @@ def spike_160mib() -> None:
     del spike
 
 
-def test_exact_peak_catches_a_short_spike_every_time():
-    """A 30 ms spike between two samples is in the next full sample's peak,
-    20 times out of 20; the sample after that no longer carries it."""
-    tree = ProcessTree(children=False, use_proc=True)
+def own_marks_kb() -> tuple[int, int]:
+    """This process's own VmHWM and getrusage ru_maxrss: what other tools read."""
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return hwm, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def test_exact_peaks_option_catches_a_short_spike_every_time():
+    """exact_peaks=True (the opt-in): a 30 ms spike between two samples is in
+    the next full sample's peak, 20 times out of 20; the sample after that no
+    longer carries it."""
+    tree = ProcessTree(children=False, use_proc=True, exact_peaks=True)
     tree.start(0.0)
     try:
-        assert tree.peak_exact is True
+        assert tree.peaks == "reset"
         t = 0.0
         for trial in range(20):
             t += 1.0  # a fake clock: every sample here is one second apart, so a full one
@@ -395,12 +404,50 @@ def test_exact_peak_catches_a_short_spike_every_time():
             s2 = tree.sample(t)
             assert s2["proc_rss_mb"] < s1["proc_rss_mb"] + 50, "the spike was not returned to the OS"
             assert s2["proc_rss_peak_mb"] >= s1["proc_rss_mb"] + 155, f"trial {trial}: spike missed {s1} {s2}"
+            assert s2["proc_pss_peak_bound_mb"] - s2["proc_pss_peak_mb"] < 1, s2   # exact: no bracket
     finally:
         tree.close()
 
 
+def test_by_default_a_process_keeps_its_own_peak_figures():
+    """Without the opt-in nbmon never resets a mark: after a spike under a
+    tree, the process's own VmHWM and ru_maxrss still hold it. A spike above
+    the process's earlier high-water mark is exact in the next sample; a
+    smaller one later is bracketed: sampled, with the mark as the most."""
+    def body():
+        tree = ProcessTree(children=False, use_proc=True)
+        tree.start(0.0)
+        base = sample_at(tree, 1.0)["proc_rss_mb"]
+        spike_160mib()
+        first = sample_at(tree, 2.0)
+        hwm_kb, maxrss_kb = own_marks_kb()
+        small = np.ones(80 * MIB // 8)
+        time.sleep(0.03)
+        del small
+        second = sample_at(tree, 3.0)
+        tree.close()
+        return {"base": base, "first": first, "second": second, "hwm_kb": hwm_kb, "maxrss_kb": maxrss_kb,
+                "after": own_marks_kb(), "peaks": tree.peaks}
+
+    got = in_forked_child(body)
+    base, first, second = got["base"], got["first"], got["second"]
+    assert got["peaks"] == "high-water marks"
+    # The truth is the process's own marks, which nbmon never touched:
+    assert got["hwm_kb"] / 1024 >= base + 155 and got["maxrss_kb"] / 1024 >= base + 155, got
+    assert got["after"][0] >= got["hwm_kb"], got
+    assert first["proc_rss_peak_mb"] >= base + 155, got                                  # caught,
+    assert first["proc_pss_peak_bound_mb"] - first["proc_pss_peak_mb"] < 1, got          # exactly
+    assert second["proc_rss_peak_mb"] < base + 60, got                                   # missed, but
+    assert second["proc_pss_peak_bound_mb"] >= second["proc_pss_peak_mb"] + 75, got      # bracketed
+
+
+def sample_at(tree: ProcessTree, t: float) -> dict[str, float]:
+    tree.boundary()
+    return tree.sample(t)
+
+
 def test_spike_between_two_samples_is_in_the_next_sample_only():
-    tree = ProcessTree(children=False, use_proc=True, slow_every_s=1.0)
+    tree = ProcessTree(children=False, use_proc=True, slow_every_s=1.0, exact_peaks=True)
     tree.start(0.0)
     try:
         for trial in range(5):
@@ -416,7 +463,7 @@ def test_spike_between_two_samples_is_in_the_next_sample_only():
 
 
 def test_boundary_makes_the_next_sample_read_the_exact_peak():
-    tree = ProcessTree(children=False, use_proc=True)
+    tree = ProcessTree(children=False, use_proc=True, exact_peaks=True)
     tree.start()
     try:
         for trial in range(20):
@@ -431,15 +478,15 @@ def test_boundary_makes_the_next_sample_read_the_exact_peak():
         tree.close()
 
 
-def test_peaks_are_sampled_with_psutil_or_when_turned_off():
-    for tree in (ProcessTree(use_proc=False), ProcessTree(use_proc=True, exact_peak=False)):
-        tree.start()
-        try:
-            assert tree.peak_exact is False
-            s = sample(tree)
-            assert s["proc_rss_peak_mb"] == s["proc_rss_mb"]
-        finally:
-            tree.close()
+def test_peaks_are_sampled_with_psutil():
+    tree = ProcessTree(use_proc=False)
+    tree.start()
+    try:
+        assert tree.peaks == "sampled"
+        s = sample(tree)
+        assert s["proc_rss_peak_mb"] == s["proc_rss_mb"] and math.isnan(s["proc_pss_peak_bound_mb"])
+    finally:
+        tree.close()
 
 
 # -- odd processes -------------------------------------------------------------

@@ -284,7 +284,7 @@ def test_summary_over_a_million_samples_is_exact():
     ok = ~np.isnan(cpu)
     assert stats.mean()[2] == cpu[ok].sum() / ok.sum()
     assert stats.first[0] == 100.0 and stats.last[0] == rss[-1]
-    summary = summarize(stats, peak_exact=True)
+    summary = summarize(stats)
     assert summary.num_samples == n
     assert summary.peak_rss_mb == 5000.0
     assert summary.mean_rss_mb == rss.sum() / n

@@ -190,7 +190,7 @@ def test_summarize_a_cpu_only_window():
     cols = ["proc_cpu_percent", "proc_rss_mb", "proc_rss_peak_mb", "gpu_util_percent", "gpu_mem_used_mb"]
     nan = math.nan
     rows = [(100.0, 100.0, 150.0, nan, nan), (50.0, 200.0, 200.0, nan, nan), (0.0, 120.0, 400.0, nan, nan)]
-    s = summarize(window_stats(cols, rows), peak_exact=True)
+    s = summarize(window_stats(cols, rows))
     assert s.num_samples == 3 and s.duration_sec == 1.5
     assert s.peak_rss_mb == 400.0                    # the exact peak column, not the sampled RSS
     assert s.mean_rss_mb == pytest.approx(140.0)
@@ -198,7 +198,7 @@ def test_summarize_a_cpu_only_window():
     assert s.mean_cpu_percent == pytest.approx(50.0) and s.peak_cpu_percent == 100.0
     assert s.cpu_time_sec is None   # read from the CPU clocks' column only, which this window lacks
     assert s.peak_gpu_mem_mb is None and s.mean_gpu_util is None   # no GPU: None, never NaN
-    assert s.peak_rss_exact is True
+    assert s.peak_rss_kind == "sampled"   # no upper end (proc_pss_peak_bound_mb): not known to be exact
     assert s.start_time == pytest.approx(1.7e9) and s.end_time == pytest.approx(1.7e9 + 1.5)
     assert s.peak_rss_mb >= s.mean_rss_mb
     assert ResourceSummary.from_dict(s.to_dict()) == s
@@ -206,7 +206,7 @@ def test_summarize_a_cpu_only_window():
 
 def test_summarize_falls_back_to_sampled_rss_and_empty_is_zeroed():
     cols = ["proc_rss_mb", "proc_rss_peak_mb"]
-    s = summarize(window_stats(cols, [(10.0, math.nan), (30.0, math.nan)]), peak_exact=False)
+    s = summarize(window_stats(cols, [(10.0, math.nan), (30.0, math.nan)]))
     assert s.peak_rss_mb == 30.0 and s.peak_rss_exact is False
     assert summarize(window_stats(cols, [])) == ResourceSummary.zeroed()
 

@@ -114,9 +114,7 @@ class _WholeTree(ProcessTree):
     name = "whole process tree"
 
     def __init__(self, pid: int):
-        # No exact peak: nothing here publishes it, and the root's high-water
-        # mark is not reset behind the watched process's back.
-        super().__init__(pid, children=True, exact_peak=False)
+        super().__init__(pid, children=True)
         self.fields = tuple(TREE_PREFIX + f for f in self.fields)
 
     def sample(self, now: float) -> dict[str, float]:
@@ -173,9 +171,9 @@ class SystemMonitor:
         self.tree = tree
         self.published = 0
         self._window = None  # the period being gathered
-        # children=False: proc.* is the pid alone. No exact peak (see _WholeTree).
+        # children=False: proc.* is the pid alone.
         self._monitor = Monitor(pid, interval=min(MAX_SAMPLE_INTERVAL_S, rate), children=False,
-                                exact_peak=False, consumers=[_Publisher(self)],
+                                consumers=[_Publisher(self)],
                                 extra_sources=[_WholeTree(pid)] if tree else ())
 
     @property

@@ -182,7 +182,7 @@ class _Hub:
                 "limit_mb": limit / MIB if limit else None,
                 "spill": fraction("memory_spill_fraction"), "pause": fraction("memory_pause_fraction"),
                 "machine": self.machine is not None and self.machine.elected, "period_s": self.every_s,
-                "peak_exact": bool(self.monitor.peak_exact), "gpu": self.monitor.gpu_state}
+                "peaks": self.monitor.peaks, "gpu": self.monitor.gpu_state}
 
     def _pace(self, workers) -> None:
         """The batch period: every_s, or more when Dask spaces heartbeats out."""

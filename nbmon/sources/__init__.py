@@ -18,7 +18,7 @@ class Sources:
     """The built-in sources of one run, in sampling order."""
 
     def __init__(self, pid: int, options: Options):
-        self.tree = ProcessTree(pid, children=options.children, exact_peak=options.exact_peak,
+        self.tree = ProcessTree(pid, children=options.children, exact_peaks=options.exact_peaks,
                                 adopt=options.adopt)
         self.gpus = GPUs(tree_pids=lambda: self.tree.pids) if options.gpu else None
         self.all = [self.tree]
@@ -28,8 +28,9 @@ class Sources:
             self.all.append(self.gpus)
 
     def info(self) -> dict:
-        """What the run could measure, once started: exact peaks, GPU state."""
-        return {"peak_exact": self.tree.peak_exact,
+        """What the run could measure, once started: how peaks are read
+        ("reset", "high-water marks", "sampled"), GPU state."""
+        return {"peaks": self.tree.peaks,
                 "gpu_state": self.gpus.state if self.gpus else "off (gpu=False)",
                 "gpu_devices": self.gpus.count if self.gpus else 0}
 

@@ -13,7 +13,7 @@ import os
 import sys
 
 from .. import catalog
-from .procfs import pread
+from .procfs import ProcFile
 
 NAN = math.nan
 MIB = 1024.0 * 1024.0
@@ -38,7 +38,7 @@ class Machine:
         self.fields = catalog.names(catalog.MACHINE)
         self.disk_path = disk_path
         self.slow_every_s = slow_every_s
-        self._stat_fd = self._meminfo_fd = self._diskstats_fd = self._net_fd = -1
+        self._stat = self._meminfo = self._diskstats = self._net = None
         self._disks: frozenset[bytes] = frozenset()
         self._cpu_busy = self._cpu_total = NAN
         self._cpu_percent = NAN
@@ -50,10 +50,10 @@ class Machine:
 
     def start(self, now: float) -> None:
         if self.use_proc:
-            self._stat_fd = os.open("/proc/stat", os.O_RDONLY | os.O_CLOEXEC)
-            self._meminfo_fd = os.open("/proc/meminfo", os.O_RDONLY | os.O_CLOEXEC)
-            self._diskstats_fd = _open_or_minus_one("/proc/diskstats")
-            self._net_fd = _open_or_minus_one("/proc/net/dev")
+            self._stat = ProcFile("/proc/stat")
+            self._meminfo = ProcFile("/proc/meminfo")
+            self._diskstats = _optional("/proc/diskstats")
+            self._net = _optional("/proc/net/dev")
             try:  # whole disks, not partitions (as psutil counts them)
                 self._disks = frozenset(name.encode() for name in os.listdir("/sys/block"))
             except OSError:
@@ -67,7 +67,7 @@ class Machine:
 
     def _cpu_times(self) -> tuple[float, float]:
         if self.use_proc:
-            line = pread(self._stat_fd, 256).split(b"\n", 1)[0]
+            line = self._stat.read(256).split(b"\n", 1)[0]
             ticks = [int(x) for x in line.split()[1:9]]
             idle = ticks[3] + ticks[4]  # idle + iowait
             total = sum(ticks)
@@ -82,7 +82,7 @@ class Machine:
     def _memory_mb(self) -> tuple[float, float, float]:
         """(total, available, swap used) in MiB."""
         if self.use_proc:
-            text = pread(self._meminfo_fd, 4096)
+            text = self._meminfo.read(4096)
             return (_meminfo_kb(text, b"MemTotal:") / 1024.0,
                     _meminfo_kb(text, b"MemAvailable:") / 1024.0,
                     (_meminfo_kb(text, b"SwapTotal:") - _meminfo_kb(text, b"SwapFree:")) / 1024.0)
@@ -96,7 +96,7 @@ class Machine:
         if self.use_proc:
             # Kept-open fds read with the GIL held: psutil's opens and reads
             # would each hand the GIL back and forth with a busy main thread.
-            return _diskstats(self._diskstats_fd, self._disks) + _net_dev(self._net_fd)
+            return _diskstats(self._diskstats, self._disks) + _net_dev(self._net)
         import psutil
 
         counters = []
@@ -169,24 +169,24 @@ class Machine:
         return values
 
     def close(self) -> None:
-        for fd in (self._stat_fd, self._meminfo_fd, self._diskstats_fd, self._net_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._stat_fd = self._meminfo_fd = self._diskstats_fd = self._net_fd = -1
+        for file in (self._stat, self._meminfo, self._diskstats, self._net):
+            if file is not None:
+                file.close()
+        self._stat = self._meminfo = self._diskstats = self._net = None
 
 
-def _open_or_minus_one(path: str) -> int:
+def _optional(path: str) -> ProcFile | None:
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return -1
+        return ProcFile(path)
+    except OSError:  # no such file here (containers without /proc/diskstats)
+        return None
 
 
-def _diskstats(fd: int, disks: frozenset) -> list[float]:
-    if fd < 0 or not disks:
+def _diskstats(file: ProcFile | None, disks: frozenset) -> list[float]:
+    if file is None or not disks:
         return [NAN, NAN]
     read = written = 0
-    for line in pread(fd).splitlines():
+    for line in file.read().splitlines():
         f = line.split()
         if len(f) > 9 and f[2] in disks:
             read += int(f[5])      # sectors read
@@ -194,11 +194,11 @@ def _diskstats(fd: int, disks: frozenset) -> list[float]:
     return [read * float(SECTOR_BYTES), written * float(SECTOR_BYTES)]
 
 
-def _net_dev(fd: int) -> list[float]:
-    if fd < 0:
+def _net_dev(file: ProcFile | None) -> list[float]:
+    if file is None:
         return [NAN, NAN]
     sent = received = 0
-    for line in pread(fd).splitlines()[2:]:  # two header lines
+    for line in file.read().splitlines()[2:]:  # two header lines
         name, _, data = line.partition(b":")
         f = data.split()
         if name.strip() != b"lo" and len(f) >= 9:

@@ -1,108 +1,153 @@
-"""The peak RSS of a process, shared by every nbmon reader of it.
+"""Exact peaks by resetting high-water marks (``exact_peaks=True`` only).
 
-The kernel keeps one high-water mark per process (VmHWM). Resetting it
-(writing 5 to /proc/<pid>/clear_refs, proc(5)) resets it for everybody, so
-two monitors that each reset it steal each other's peaks: a dashboard's
-helper process and a ``ResourceMonitor`` in the kernel, say. Every nbmon
-reader of a process therefore goes through one shared *board* per target
-process: a small file (in /dev/shm) with a slot per reader. Whoever reads
-and resets the mark folds the value it read into every reader's slot,
-under a file lock; each reader takes the largest value collected in its
-own slot since its previous take. Readers in this process and in other
-processes (of the same user) share it alike.
+Reading a process's high-water mark (VmHWM) changes nothing; *resetting*
+it (writing 5 to /proc/<pid>/clear_refs, proc(5)) makes every interval's
+peak exact, but it also resets what ``getrusage``'s ``ru_maxrss``,
+``/usr/bin/time -v`` and the process's own benchmark code read: a 500 MiB
+spike under a monitor then read 31 MiB to the process itself. So nbmon only
+resets when the user asks for it, and says so where the option is
+documented.
 
-A board is named by the target's pid *and* start time, so a reused pid
-never shares a dead process's board; it is removed when its last reader
-closes it (boards of readers that were killed are swept on the next open).
+Resetting it resets it for everybody, so two nbmon readers that each reset
+would steal each other's peaks (a dashboard's helper process and a
+``ResourceMonitor`` in the kernel, say). Every reader of one process
+therefore shares a *board*: a small file with a slot per reader. Whoever
+reads and resets the mark folds the value into every reader's slot, under a
+file lock; each reader takes the largest value collected in its own slot
+since its previous take.
+
+Boards live in nbmon's private per-user directory (:mod:`nbmon.runtime`),
+never in /dev/shm: another user can neither plant one nor read one. A
+board is opened without following links and checked on its descriptor, read
+and written with ``pread``/``pwrite`` (never mapped: a file truncated under
+a mapping kills the reader with SIGBUS), its content validated on every
+read; its lock is taken without blocking, with a deadline. A board that
+cannot be had -- a full disk, an unsafe directory, a lock held too long --
+turns exact peaks off for that process with a reason in words
+(:attr:`PeakMark.error`), never a hang, an exception or a signal. Boards
+are named by the target's pid *and* start time (a reused pid never shares a
+dead process's board), removed by their last reader, at interpreter exit,
+and swept when their process is gone.
 """
 from __future__ import annotations
 
+import atexit
+import errno
 import fcntl
-import mmap
 import os
-import tempfile
+import struct
+import time
+import weakref
 
+from ..runtime import alive, open_private, pid_started, private_dir
 from .procfs import pread
 
 CLEAR_REFS_RESET_PEAK = b"5"   # proc(5): resets the peak RSS (VmHWM) to the current RSS
 SLOTS = 32                     # readers of one process at a time
-_MAGIC = 0x6E626D6F6E504B31    # "nbmonPK1"
+_MAGIC = 0x6E626D6F6E504B32    # "nbmonPK2"
 # The board, as int64: magic, slots in use (high-water index), then per
-# slot: reader pid (0 = free), reader token, peak kB collected for it.
+# slot: reader pid (0 = free), reader start time (ticks), peak kB collected.
 _HEADER, _SLOT = 2, 3
-_BOARD_BYTES = 8 * (_HEADER + _SLOT * SLOTS)
-_tokens = iter(range(1, 1 << 62))
+_WORDS = _HEADER + _SLOT * SLOTS
+_BOARD = struct.Struct(f"<{_WORDS}q")
+_MAX_KB = 1 << 40              # no process has a PiB: a larger value is not a peak
+OPEN_WAIT_S = 1.0              # how long opening waits for a board's lock
+TAKE_WAIT_S = 0.05             # how long a take waits (then it skips: the mark keeps the peak)
+SWEEP_EVERY_S = 60.0
+_open_marks: "weakref.WeakSet[PeakMark]" = weakref.WeakSet()
+_swept_at = [-SWEEP_EVERY_S]
+_me: list[int] = []            # (pid, start time) of this process, after a fork too
 
 
-def _board_dir() -> str:
-    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+def _self() -> tuple[int, int]:
+    pid = os.getpid()
+    if not _me or _me[0] != pid:
+        _me[:] = [pid, pid_started(pid) or 0]
+    return _me[0], _me[1]
 
 
-def start_time_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat: when the process started, in clock ticks after boot."""
+def _lock(fd: int, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+
+
+def sweep(directory: str) -> int:
+    """Remove the boards of processes that are gone; returns how many."""
+    removed = 0
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        names = os.listdir(directory)
     except OSError:
-        return None
-    return int(stat[stat.rindex(b")") + 2:].split()[19])
-
-
-def _taken(owner: int) -> bool:
-    """Whether a slot's reader (a pid, 0 for none) still lives: a reader
-    killed without closing leaves its slot to be taken over."""
-    if not owner or owner == os.getpid():
-        return bool(owner)
-    try:
-        os.kill(owner, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+        return 0
+    for name in names:
+        pid, _, started = name.partition("-")
+        if not (pid.isdigit() and started.isdigit()) or alive(int(pid), int(started)):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 class PeakMark:
     """One reader's share of one process's high-water mark.
 
-    :meth:`open` returns False when the mark cannot be reset here (another
-    user's process, no clear_refs): peaks are then sampled. :meth:`take_kb`
-    returns the process's peak RSS in KiB since this reader's previous take
-    (or since open), and resets the mark; NaN if the process has no memory
-    left to read (exited).
+    :meth:`open` returns False (and says why in :attr:`error`) when the
+    mark cannot be reset here: another user's process, no clear_refs, no
+    usable board. :meth:`take_kb` returns the process's peak RSS in KiB
+    since this reader's previous take (or since open), and resets the mark;
+    NaN if it is unknown now (the process exited, or the board was busy:
+    the next take then has it).
     """
 
     def __init__(self, pid: int):
         self.pid = pid
-        self._status_fd = self._clear_fd = self._board_fd = -1
-        self._view = None
-        self._map: mmap.mmap | None = None
-        self._slot = -1
+        self.error = ""
         self.path = ""
-        self.joined_kb = float("nan")  # the mark when we joined: the process's peak until then
+        self._status_fd = self._clear_fd = self._board_fd = -1
+        self._slot = -1
 
     def open(self) -> bool:
-        started = start_time_ticks(self.pid)
+        started = pid_started(self.pid)
         if started is None:
+            self.error = f"no process {self.pid}"
             return False
         try:
             self._clear_fd = os.open(f"/proc/{self.pid}/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
             self._status_fd = os.open(f"/proc/{self.pid}/status", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:  # another user's process, or a kernel without clear_refs
+        except OSError as err:  # another user's process, or a kernel without clear_refs
+            self.error = f"cannot reset the high-water mark of pid {self.pid}: {err.strerror}"
             self._close_fds()
             return False
-        self.path = os.path.join(_board_dir(), f"nbmon-peak-{os.getuid()}-{self.pid}-{started}")
         try:
+            directory = private_dir("peaks")
+            if time.monotonic() - _swept_at[0] >= SWEEP_EVERY_S:
+                _swept_at[0] = time.monotonic()
+                sweep(directory)
+            self.path = os.path.join(directory, f"{self.pid}-{started}")
             self._join_board()
-        except OSError:
+        except OSError as err:
+            self.error = f"no board for pid {self.pid}'s peaks: {err}"
             self._close_fds()
             return False
+        _open_marks.add(self)
         return True
 
     def _join_board(self) -> None:
+        deadline = time.monotonic() + OPEN_WAIT_S
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
+            if not _lock(fd, max(0.0, deadline - time.monotonic())):
+                os.close(fd)
+                raise OSError(errno.EWOULDBLOCK, f"its board {self.path} stayed locked for {OPEN_WAIT_S:g} s")
             # A last reader may have removed the board between our open and
             # our lock: then this is a dead file nobody else will find.
             try:
@@ -114,28 +159,49 @@ class PeakMark:
             os.close(fd)
         self._board_fd = fd
         try:
-            if os.fstat(fd).st_size < _BOARD_BYTES:
-                os.ftruncate(fd, _BOARD_BYTES)
-            self._map = mmap.mmap(fd, _BOARD_BYTES)
-            self._view = view = memoryview(self._map).cast("q")
-            if view[0] != _MAGIC:
-                view[0], view[1] = _MAGIC, 0
+            # Room first: the disk (tmpfs) may be full, and the board must
+            # never be short of what is written into it.
+            os.posix_fallocate(fd, 0, _BOARD.size)
+            board = self._read()
             # What the mark holds now belongs to the readers already there.
-            self.joined_kb = self._read_kb()
-            self._fold(self.joined_kb)
-            self._slot = self._claim_slot(view)
+            self._fold(board, self._read_kb())
+            self._slot = self._claim(board)
+            self._write(board)
+        except BaseException:
+            self._board_fd = -1
+            os.close(fd)
+            raise
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            if self._board_fd >= 0:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _read(self) -> list[int]:
+        """The board's words; a board that is not one (new, short, or
+        garbage) starts over empty."""
+        data = os.pread(self._board_fd, _BOARD.size, 0)
+        words = list(_BOARD.unpack(data)) if len(data) == _BOARD.size else []
+        if not words or words[0] != _MAGIC or not 0 <= words[1] <= SLOTS \
+                or any(not 0 <= w <= _MAX_KB for w in words[_HEADER + 2::_SLOT]):
+            words = [_MAGIC, 0] + [0] * (_SLOT * SLOTS)
+        return words
+
+    def _write(self, board: list[int]) -> None:
+        os.pwrite(self._board_fd, _BOARD.pack(*board), 0)
 
     @staticmethod
-    def _claim_slot(view) -> int:
+    def _slots(board: list[int]):
+        return range(_HEADER, _HEADER + _SLOT * board[1], _SLOT)
+
+    @staticmethod
+    def _claim(board: list[int]) -> int:
+        me = _self()
         for slot in range(SLOTS):
             base = _HEADER + _SLOT * slot
-            if not _taken(view[base]):
-                view[base], view[base + 1], view[base + 2] = os.getpid(), next(_tokens), 0
-                view[1] = max(view[1], slot + 1)
+            if not (board[base] and (tuple(board[base:base + 2]) == me or alive(board[base], board[base + 1]))):
+                board[base:base + 3] = [me[0], me[1], 0]
+                board[1] = max(board[1], slot + 1)
                 return base
-        raise OSError(f"more than {SLOTS} readers of one process's peak")
+        raise OSError(errno.EUSERS, f"more than {SLOTS} readers of one process's peak")
 
     def _read_kb(self) -> float:
         """The mark now, in KiB, and reset it. (Not getrusage's ru_maxrss for
@@ -148,55 +214,59 @@ class PeakMark:
         os.write(self._clear_fd, CLEAR_REFS_RESET_PEAK)
         return peak
 
-    def _fold(self, peak_kb: float) -> None:
+    def _fold(self, board: list[int], peak_kb: float) -> None:
         if peak_kb != peak_kb:
             return
-        view, value = self._view, int(peak_kb)
-        for base in range(_HEADER, _HEADER + _SLOT * view[1], _SLOT):
-            if view[base] and view[base + 2] < value:
-                view[base + 2] = value
+        value = min(int(peak_kb), _MAX_KB)
+        for base in self._slots(board):
+            if board[base] and board[base + 2] < value:
+                board[base + 2] = value
 
     def take_kb(self) -> float:
         fd = self._board_fd
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if fd < 0 or not _lock(fd, TAKE_WAIT_S):
+            return float("nan")
         try:
+            board = self._read()
             try:
-                self._fold(self._read_kb())
+                self._fold(board, self._read_kb())
             except OSError:  # the process is gone
                 return float("nan")
-            view, base = self._view, self._slot
-            peak = view[base + 2]
-            view[base + 2] = 0
+            base = self._slot
+            if tuple(board[base:base + 2]) != _self():  # the board was started over: join again
+                self._slot = base = self._claim(board)
+            peak = board[base + 2]
+            board[base + 2] = 0
+            self._write(board)
+        except OSError:
+            return float("nan")
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         return float(peak) if peak else float("nan")
 
     def close(self) -> None:
         """Leave the board (removed with its last reader)."""
-        if self._board_fd >= 0 and self._slot >= 0:
-            fcntl.flock(self._board_fd, fcntl.LOCK_EX)
+        fd = self._board_fd
+        if fd >= 0 and self._slot >= 0 and _lock(fd, TAKE_WAIT_S):
             try:
-                view = self._view
-                view[self._slot] = view[self._slot + 1] = view[self._slot + 2] = 0
-                if not any(_taken(view[b]) for b in range(_HEADER, _HEADER + _SLOT * view[1], _SLOT)):
-                    try:
-                        os.unlink(self.path)
-                    except FileNotFoundError:
-                        pass
+                board = self._read()
+                if tuple(board[self._slot:self._slot + 2]) == _self():
+                    board[self._slot:self._slot + 3] = [0, 0, 0]
+                if not any(board[b] and alive(board[b], board[b + 1]) for b in self._slots(board)):
+                    os.unlink(self.path)
+                else:
+                    self._write(board)
+            except OSError:
+                pass
             finally:
-                fcntl.flock(self._board_fd, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
         self.abandon()
 
     def abandon(self) -> None:
         """Drop this copy without touching the board (a forked child's copy:
         the slot is its parent's)."""
         self._slot = -1
-        if self._view is not None:
-            self._view.release()
-            self._view = None
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        _open_marks.discard(self)
         self._close_fds()
 
     def _close_fds(self) -> None:
@@ -204,3 +274,18 @@ class PeakMark:
             if fd >= 0:
                 os.close(fd)
         self._status_fd = self._clear_fd = self._board_fd = -1
+
+
+def _close_all_at_exit() -> None:
+    for mark in list(_open_marks):
+        mark.close()
+
+
+def _forget_all_in_child() -> None:
+    for mark in list(_open_marks):
+        mark.abandon()
+
+
+atexit.register(_close_all_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_all_in_child)

@@ -1,23 +1,63 @@
 """CPU, memory, threads and I/O of a process and all its descendants.
 
-On Linux the tree is read straight from /proc through file descriptors kept
-open between samples; elsewhere (and when /proc is unusable) through psutil.
-Every figure is a float, NaN where unknown. Units are in the field names.
+On Linux the tree is read straight from /proc; elsewhere (and when /proc is
+unusable) through psutil. Every figure is a float, NaN where unknown. Units
+are in the field names.
 
-Peak RSS of the tree (``proc_rss_peak_mb``) is the highest the tree's RSS
-can have been within the interval before the sample. Every process that ran
-in the interval (its CPU clock moved) gives its own high-water mark since
-the previous sample (the kernel's VmHWM, shared with every other nbmon
-reader: :mod:`.peaks`); a process that did not run cannot have grown, and
-its RSS at the interval's start stands for it. For one process this is
-exact. For a tree it is at least the true peak and at most the true peak
-plus what the tree's processes released within that one interval (each
-process's own peak is exact, but they need not have coincided).
+**Memory, shared pages counted once** (``proc_pss_mb``). Forked workers
+(multiprocessing's ``fork``, PyTorch's DataLoader) share their parent's
+pages until they write to them, and every process's RSS counts each shared
+page in full: a kernel holding a 1 GiB array with 4 forked readers has an
+RSS sum of 5 GiB and uses 1 GiB. The kernel's proportional set size (PSS,
+``/proc/<pid>/smaps_rollup``) gives each of *n* sharers 1/*n* of a shared
+page, so the tree's PSS sum counts it once. A walk of ``smaps_rollup``
+costs about 11 ms per GiB of 4 KiB pages here, far too much for every
+sample, so the tree is walked on a budget (:data:`WALK_SHARE` of one core
+on average, walks paid from a bucket of :data:`WALK_BURST_S` seconds) when
+its membership changed or, at most every :data:`REFRESH_WALK_S`, when it
+ran; each process's *shared offset* (RSS minus PSS at its last walk) then
+stands between walks: ``proc_pss_mb`` is the sum over the tree of RSS minus
+the offset. A process found since the last walk that was forked (no exec:
+its code sits where its parent's does) counts as all shared until walked;
+one that was exec'd is walked at once when small (:data:`WALK_NOW_KB`),
+counted in full otherwise. The RSS sum stays as ``proc_rss_mb`` (what
+``top`` and psutil add up), split into anonymous, file-backed (page cache
+of mapped files: reclaimable) and shared-memory (/dev/shm, tmpfs) pages.
+
+**Peaks without side effects.** The kernel keeps each process's high-water
+mark (VmHWM); nbmon reads it and never resets it (a reset also resets what
+``getrusage``'s ``ru_maxrss``, ``/usr/bin/time -v`` and the user's own code
+read; :mod:`.peaks` does it only when asked, ``exact_peaks=True``). Per
+interval and process, the peak is *exact* when the mark rose in the
+interval (it then is the interval's peak) or when the process did not run
+(it cannot have grown); it is a *bracket* otherwise: at least the larger of
+the interval's two samples, at most the mark, and at most what the CPU time
+it used could have faulted in (:data:`FAULT_KB_PER_S`).
+``proc_pss_peak_mb`` is the sum over the tree of each process's best figure
+(exact, or sampled), ``proc_pss_peak_bound_mb`` the sum of the upper ends
+(NaN when a process's is unknown: it exited, or was missed). A summary
+turns these into "exact" (one process, and no interval's upper end above
+the highest peak: the mark rose in the span), "upper bound" (the same for
+several processes, whose own peaks need not have coincided) or "sampled".
+
+**Finding children.** A new process anywhere makes the last pid in
+``/proc/loadavg`` change: only then are the children of every thread of
+the tree's processes that ran listed (and on the 1 s cadence regardless),
+so a child of any thread is found at the next sample, for one small read
+when nothing forked.
+
+**Descriptors.** A process's ``stat`` and ``status`` are kept open while
+the fd budget of :mod:`.procfs` lasts (64, or 5 % of ``RLIMIT_NOFILE``),
+and read by path beyond it (its start time checked, so a reused pid is not
+mistaken for it); a read that fails for want of descriptors keeps the
+process and counts a fault, never drops it from the tree.
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
+import resource
 import sys
 import threading
 import time
@@ -26,17 +66,28 @@ from typing import NamedTuple
 from .. import catalog
 from .cgroup import cgroup_dirs, cpu_limit
 from .peaks import PeakMark
-from .procfs import pread
+from .procfs import GONE, ProcFile, read_path, read_path_released
 
 NAN = math.nan
 MIB = 1024.0 * 1024.0
 _LOGICAL_CPUS = os.cpu_count() or 1
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+_PAGE_KB = os.sysconf("SC_PAGE_SIZE") / 1024.0
 
 # Less CPU than this used by the monitored process's other threads since the
-# last sample counts as none: the two clocks are read a few µs apart, and a
-# thread cannot touch more than about 1 MiB of new memory in it.
+# last sample counts as none: the two clocks are read a few µs apart.
 OTHERS_IDLE_S = 50e-6
+# The fastest a thread can fault in new memory (zeroed huge pages at memory
+# bandwidth): a process that ran t seconds cannot have grown by more than
+# t * FAULT_KB_PER_S, which closes the bracket of briefly-woken processes.
+# (Measured here: 25 GiB per CPU-second into huge pages; a faster machine does more.)
+FAULT_KB_PER_S = 64.0 * 1024 * 1024
+# smaps_rollup walks: on average at most this share of one core, ...
+WALK_SHARE = 0.005
+WALK_BURST_S = 0.25         # ... paid from a bucket this deep (the first walks come at once)
+REFRESH_WALK_S = 5.0        # a tree that ran is walked again at most this often (copy-on-write)
+WALK_NOW_KB = 64 * 1024.0   # a new exec'd process this small is walked when found
+WALK_S_PER_KB = 1.1e-8      # the first guess of a walk's cost (11 ms per GiB), then measured
 
 # nbmon's own helper processes (the process backend's sampler): never part of
 # a watched tree, though they are children of the process they watch.
@@ -50,99 +101,140 @@ def _cpu_clock_id(pid: int) -> int:
     return ((~pid) << 3) | 2
 
 
+def _affinity(pid: int) -> frozenset:
+    try:
+        return frozenset(os.sched_getaffinity(pid))
+    except (OSError, AttributeError):  # gone, or no affinity API (macOS)
+        return frozenset(range(_LOGICAL_CPUS))
+
+
 def allowed_cpus(pid: int, cgroup: dict[str, str]) -> float:
     """The CPUs ``pid`` may use: its affinity, capped by its cgroup's CPU quota."""
-    try:
-        cpus = float(len(os.sched_getaffinity(pid)))
-    except (OSError, AttributeError):  # gone, or no affinity API (macOS)
-        cpus = float(_LOGICAL_CPUS)
-    quota = cpu_limit(cgroup)
+    return _capped(float(len(_affinity(pid))), cpu_limit(cgroup))
+
+
+def _capped(cpus: float, quota: float) -> float:
     return min(cpus, quota) if quota == quota else cpus
 
 
-class _LinuxProc:
-    """Kept-open /proc descriptors of one process of the tree."""
+def _take(proc: "_Proc", status: "_Status", rss_kb: float) -> None:
+    proc.rss_kb = rss_kb
+    proc.anon_kb, proc.file_kb, proc.shmem_kb = status.anon_kb, status.file_kb, status.shmem_kb
+    proc.threads = status.threads
 
-    __slots__ = ("pid", "parent", "stat_fd", "statm_fd", "children_fd", "io_fd", "clock", "mark",
-                 "own_s", "ran", "ran_s", "children_s", "threads", "rss_pages", "start_pages",
-                 "read_bytes", "write_bytes", "exited", "started_s")
 
-    def __init__(self, pid: int, parent: int | None):
-        self.pid = pid
-        self.parent = parent
+class _Status(NamedTuple):
+    rss_kb: float
+    hwm_kb: float
+    anon_kb: float
+    file_kb: float
+    shmem_kb: float
+    threads: float
+
+
+_STATUS_KEYS = (b"VmRSS:", b"VmHWM:", b"RssAnon:", b"RssFile:", b"RssShmem:")
+
+
+def parse_status(text: bytes) -> _Status:
+    """The memory figures of /proc/<pid>/status (kB; a zombie has none: 0)."""
+    values = []
+    for key in _STATUS_KEYS:
+        at = text.find(key)
+        values.append(float(text[at + len(key):text.index(b"kB", at)]) if at >= 0 else 0.0)
+    at = text.find(b"Threads:")
+    threads = float(text[at + 8:text.index(b"\n", at)]) if at >= 0 else 0.0
+    return _Status(*values, threads)
+
+
+def _rollup_kb(text: bytes, key: bytes) -> float:
+    at = text.find(key)
+    return float(text[at + len(key):text.index(b"kB", at)]) if at >= 0 else NAN
+
+
+class _Proc:
+    """One process of the tree: its /proc files and what was last read of it."""
+
+    __slots__ = ("pid", "parent", "started", "code", "clock", "stat", "status", "mark",
+                 "own_s", "children_s", "counted_s", "carry_s", "ran_s", "ran", "busy", "scan",
+                 "threads", "rss_kb", "start_kb", "hwm_kb", "anon_kb", "file_kb", "shmem_kb",
+                 "off_kb", "walked", "reaped", "read_bytes", "write_bytes", "cpus", "exited",
+                 "peak_kb", "bound_kb", "share_kb")
+
+    def __init__(self, pid: int, parent: int | None, keep: bool):
+        self.pid, self.parent = pid, parent
         base = f"/proc/{pid}/"
-        self.stat_fd = os.open(base + "stat", os.O_RDONLY | os.O_CLOEXEC)
+        self.stat = ProcFile(base + "stat", keep)
         try:
-            self.statm_fd = os.open(base + "statm", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            os.close(self.stat_fd)
+            self.status = ProcFile(base + "status", keep)
+        except BaseException:
+            self.stat.close()
             raise
-        try:
-            # Only the main thread's children are read every sample; the other
-            # threads' are walked on the discovery cadence.
-            self.children_fd = os.open(f"{base}task/{pid}/children", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self.children_fd = -1
-        try:
-            self.io_fd = os.open(base + "io", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:  # another user's process: /proc/<pid>/io needs ptrace rights
-            self.io_fd = -1
-        self.clock = _cpu_clock_id(pid)
         self.mark: PeakMark | None = None
+        self.clock = _cpu_clock_id(pid)
+        self.started = -1
+        self.code = 0
         self.own_s = self.children_s = 0.0
-        self.ran = True            # used CPU since the previous read (unknown at first: yes)
-        self.ran_s = 0.0           # how much
+        self.counted_s = 0.0     # CPU already shown in some interval's rate
+        self.carry_s = 0.0       # CPU counted but not yet shown (over the process's CPUs)
+        self.ran_s = 0.0         # CPU used since the previous read
+        self.ran = True          # ran since the previous read (unknown at first: yes)
+        self.busy = True         # the same for CPU purposes (nbmon's own thread included)
+        self.scan = True         # ran since its children were last listed
         self.threads = 0.0
-        self.rss_pages = 0.0
-        self.start_pages = 0.0     # RSS at the start of the current interval
-        self.read_bytes = NAN
-        self.write_bytes = NAN
+        self.rss_kb = self.start_kb = 0.0
+        self.hwm_kb = NAN
+        self.anon_kb = self.file_kb = self.shmem_kb = 0.0
+        self.off_kb = 0.0        # RSS minus PSS at the last walk: pages others count too
+        self.share_kb = 0.0      # its share of shared pages in its PSS at the last walk
+        self.walked = False
+        self.reaped = 0          # known children reaped since the last stat read
+        self.read_bytes = self.write_bytes = NAN
+        self.cpus = frozenset()
         self.exited = False
-        self.started_s = NAN       # seconds after boot
+        self.peak_kb = self.bound_kb = 0.0   # this interval's peak and its bracket's upper end
 
     @property
     def cpu_s(self) -> float:
         return self.own_s + self.children_s
 
-    def read(self) -> None:
-        """Refresh own CPU and RSS; raises OSError once the process is gone."""
-        self.start_pages = self.rss_pages
+    def read_clock(self) -> None:
         try:
             own_s = time.clock_gettime_ns(self.clock) * 1e-9
-            self.ran_s = own_s - self.own_s
-            self.ran = self.ran_s != 0.0
-            self.own_s = own_s
         except OSError:  # a zombie has no clock left: read_stat() keeps its final times
-            self.ran = False
-        # The statm fd is bound to this process even if its pid is reused: a
-        # successful read after the clock proves the clock was this process's.
-        statm = pread(self.statm_fd, 256)
-        # No address space for an instant (mid-exec, or exiting before it is a
-        # zombie): 0 would not be a measurement; keep the last reading.
-        if not statm.startswith(b"0 "):
-            self.rss_pages = float(statm.split(b" ", 2)[1])
+            self.ran_s, self.ran = 0.0, False
+            return
+        self.ran_s = max(0.0, own_s - self.own_s)
+        self.ran = self.busy = self.ran_s > 0.0
+        self.own_s = own_s
 
-    def read_stat(self) -> None:
-        """Refresh threads, start time and the CPU of reaped children (cutime +
-        cstime), which only changes when a child is reaped: read on a cadence."""
-        stat = pread(self.stat_fd, 1024)
-        fields = stat[stat.rindex(b")") + 2:].split(b" ", 20)
-        self.children_s = (int(fields[13]) + int(fields[14])) * _TICK_S
-        self.threads = float(fields[17])
-        self.started_s = int(fields[19]) * _TICK_S
+    def read_stat(self) -> float:
+        """Refresh start time, state and the CPU of reaped children (cutime +
+        cstime); returns how much that grew. Raises ProcessLookupError when
+        a path read finds another process under the pid (reused)."""
+        text = self.stat.read(1024)
+        fields = text[text.rindex(b")") + 2:].split(b" ", 24)
+        started = int(fields[19])
+        if self.started < 0:
+            self.started, self.code = started, int(fields[23])
+        elif started != self.started:
+            raise ProcessLookupError(errno.ESRCH, f"pid {self.pid} was reused")
+        children_s = (int(fields[13]) + int(fields[14])) * _TICK_S
+        grown = children_s - self.children_s
+        self.children_s = children_s
         if fields[0] == b"Z":
             self.own_s = (int(fields[11]) + int(fields[12])) * _TICK_S
-            self.rss_pages = 0.0  # a zombie holds no memory
             # Exited, only waiting to be reaped (a zombie leader whose other
             # threads still run shows more than one thread).
-            self.exited = self.threads <= 1
+            self.exited = int(fields[17]) <= 1
+        return grown
+
+    def read_status(self) -> _Status:
+        return parse_status(self.status.read(4096))
 
     def read_io(self) -> None:
         try:
-            if self.io_fd < 0:
-                raise PermissionError
-            text = pread(self.io_fd, 1024)
-        except OSError:  # no rights to it, or the process is going
+            text = read_path(f"/proc/{self.pid}/io", 1024)
+        except OSError:  # another user's process (needs ptrace rights), or going
             self.read_bytes = self.write_bytes = NAN
             return
         for line in text.splitlines():
@@ -151,16 +243,15 @@ class _LinuxProc:
             elif line.startswith(b"write_bytes:"):
                 self.write_bytes = float(line[12:])
 
-    def child_pids(self) -> list[int]:
-        if self.children_fd < 0:
-            return []
-        return [int(p) for p in pread(self.children_fd, 65536).split()]
+    def walk(self) -> tuple[float, float, float]:
+        """(Rss, Pss, private) in kB from smaps_rollup: the page-table walk (GIL released)."""
+        text = read_path_released(f"/proc/{self.pid}/smaps_rollup")
+        private = _rollup_kb(text, b"\nPrivate_Clean:") + _rollup_kb(text, b"\nPrivate_Dirty:")
+        return _rollup_kb(text, b"\nRss:"), _rollup_kb(text, b"\nPss:"), private
 
     def close(self) -> None:
-        for fd in (self.stat_fd, self.statm_fd, self.children_fd, self.io_fd):
-            if fd >= 0:
-                os.close(fd)
-        self.stat_fd = self.statm_fd = self.children_fd = self.io_fd = -1
+        self.stat.close()
+        self.status.close()
         if self.mark is not None:
             self.mark.close()
             self.mark = None
@@ -178,10 +269,10 @@ def all_thread_child_pids(pid: int) -> list[int]:
     pids = []
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                pids.extend(int(p) for p in f.read().split())
-        except OSError:  # the thread exited while we listed
-            continue
+            pids.extend(int(p) for p in read_path(f"/proc/{pid}/task/{tid}/children").split())
+        except OSError as err:
+            if err.errno not in GONE:  # the thread exited while we listed: fine; EMFILE: not
+                raise
     return pids
 
 
@@ -193,21 +284,22 @@ class ProcessTree:
     ``cpu_percent()`` returns a meaningless 0.0; this one does not).
 
     CPU time counts every process of the tree, including time a child used
-    before it was discovered and children that already exited and were reaped
-    by a tree member (the kernel moves their time into the parent's
-    cutime/cstime). A process found late (a child of a non-main thread is
-    found by the walk every ``slow_every_s``) adds its earlier CPU time to
-    ``proc_cpu_time_s`` but shows in the CPU % only at the rate it really ran
-    since it started: a CPU % is never more than the processes could use.
-    CPU % is of one CPU (100 = one core); ``proc_cpu_norm_percent`` is of the
-    CPUs the root may use (its affinity, capped by its cgroup's CPU quota).
+    before it was discovered and children that already exited and were
+    reaped by a tree member (the kernel moves their time into the parent's
+    cutime/cstime, read every sample for a member that ran). A process
+    found late adds its earlier CPU time to ``proc_cpu_time_s`` but shows in
+    the CPU % only at the rate it really ran since it started. A CPU % is
+    never more than the processes could use: each process's rate is capped
+    at its own CPUs (affinity, cgroup quota) and the tree's at the CPUs of
+    the processes that ran, any excess carried to the next intervals. CPU %
+    is of one CPU (100 = one core); ``proc_cpu_norm_percent`` is of the CPUs
+    the root may use.
 
-    Every sample reads each process's CPU clock and RSS, the high-water mark
-    of each process that ran (see the module's docstring), and the root's
-    reaped-children time. Threads and I/O are read every ``slow_every_s``
-    and at :meth:`boundary` (NaN in the samples in between), with a full
-    walk for new children. ``peak_exact`` says whether high-water marks
-    can be read here or peaks are sampled.
+    Memory: see the module's docstring. ``exact_peaks=True`` resets the
+    kernel's high-water marks (:mod:`.peaks`) so that every interval's peak
+    of every process is exact, at the price of changing what other tools
+    read (VmHWM, ``ru_maxrss``); ``peaks`` says what the run could do:
+    "reset", "high-water marks" or "sampled".
 
     ``adopt=True`` (for ``nbmon run``, which makes itself the subreaper of
     what it starts) counts this process's other children too: processes the
@@ -218,7 +310,7 @@ class ProcessTree:
     caller_safe = True  # reads /proc and /sys only: cannot get stuck
 
     def __init__(self, pid: int | None = None, *, children: bool = True,
-                 exact_peak: bool = True, slow_every_s: float = 1.0,
+                 exact_peaks: bool = False, slow_every_s: float = 1.0,
                  use_proc: bool | None = None, adopt: bool = False):
         self.pid = os.getpid() if pid is None else int(pid)
         self.fields = catalog.names(catalog.TREE)
@@ -228,10 +320,11 @@ class ProcessTree:
         if use_proc is None:
             use_proc = sys.platform.startswith("linux") and os.path.exists(f"/proc/{self.pid}/stat")
         self._backend = _ProcBackend(self) if use_proc else _PsutilBackend(self)
-        self._want_exact_peak = exact_peak and use_proc
-        self.peak_exact = False
+        self._want_reset = exact_peaks and use_proc
+        self.peaks = "sampled"
         self.gone = 0            # processes of the tree that disappeared since start()
         self.cpus = float(_LOGICAL_CPUS)
+        self.quota = NAN         # the cgroup's CPU quota, in CPUs
         self._cgroup: dict[str, str] = {}
         self._last_t = NAN
         self._last_cpu_s = NAN
@@ -256,22 +349,34 @@ class ProcessTree:
         """The root lives, or (adopting) any process of the tree does."""
         return self._backend.root_alive or (self.adopt and bool(self._backend.pids()))
 
+    @property
+    def faults(self) -> list[str]:
+        """Reads that failed for reasons other than a process exiting (EMFILE,
+        say) since the last sample, in words; the sampler counts them."""
+        return self._backend.errors
+
     def start(self, now: float | None = None) -> None:
         """Open the tree and prime the CPU baseline. Raises ProcessLookupError
         if the pid does not exist."""
         now = time.monotonic() if now is None else now
         self._backend.open()
-        self.peak_exact = self._want_exact_peak and self._backend.open_marks()
+        self.peaks = self._backend.peak_mode(self._want_reset)
         self._cgroup = cgroup_dirs(self.pid)
-        self.cpus = allowed_cpus(self.pid, self._cgroup)
+        self._refresh_limits()
         cpu_s, _ = self._backend.refresh(now, 0.0, slow=True)
+        self._backend.settle()
         self._last_t = self._last_slow_t = now
         self._last_cpu_s = self._start_cpu_s = cpu_s
         self._cpu_carry_s = 0.0
 
+    def _refresh_limits(self) -> None:
+        self.quota = cpu_limit(self._cgroup)
+        self.cpus = _capped(float(len(_affinity(self.pid))), self.quota)
+
     def boundary(self) -> None:
-        """Make the next sample a full one (threads, I/O, a full walk), so that
-        a span starting or ending there has them of its own."""
+        """Make the next sample a full one (every process's memory, threads,
+        I/O, a full walk for children), so that a span starting or ending
+        there has them of its own."""
         self._last_slow_t = -math.inf
 
     def sample(self, now: float) -> dict[str, float]:
@@ -279,19 +384,19 @@ class ProcessTree:
         slow = now - self._last_slow_t >= self.slow_every_s
         if slow:
             self._last_slow_t = now
-            self.cpus = allowed_cpus(self.pid, self._cgroup)
+            self._refresh_limits()
         dt = now - self._last_t
-        cpu_s, backfill_s = b.refresh(now, dt, slow=slow)
+        cpu_s, shown_s = b.refresh(now, dt, slow=slow)
         # Never backwards: a child's CPU is read in ns while it lives, but once
         # reaped it moves into its parent's cutime in whole 10 ms ticks, so the
         # total can dip by up to a tick (below 0 early in a run, which the
         # sampler rejects as a fault). The dip is made up when the tick comes.
         cpu_s = max(cpu_s, self._last_cpu_s)
-        # What a late-found process used before this interval is in the CPU
-        # time but not in this interval's %; the rest is capped at every
-        # allowed CPU busy, any excess carried to the next intervals.
-        used_s = cpu_s - self._last_cpu_s - backfill_s + self._cpu_carry_s
-        shown_s = min(max(used_s, 0.0), dt * self.cpus) if dt > 0 else 0.0
+        # The processes' own capped rates, capped again at the CPUs of those
+        # that ran (and the container's quota); any excess is carried.
+        used_s = shown_s + self._cpu_carry_s
+        cap_s = dt * _capped(b.busy_cpus(), self.quota) if dt > 0 else 0.0
+        shown_s = min(max(used_s, 0.0), cap_s)
         self._cpu_carry_s = max(used_s - shown_s, 0.0)
         cpu_percent = shown_s / dt * 100.0 if dt > 0 else NAN
         self._last_t, self._last_cpu_s = now, cpu_s
@@ -299,10 +404,7 @@ class ProcessTree:
             "proc_cpu_percent": cpu_percent,
             "proc_cpu_norm_percent": cpu_percent / self.cpus,
             "proc_cpu_time_s": cpu_s - self._start_cpu_s,
-            "proc_rss_mb": b.rss_mb(),
-            "proc_rss_peak_mb": b.peak_mb(),
-            "proc_threads": b.threads() if slow else NAN,
-            "proc_count": float(b.count()),
+            **b.memory(),
             "proc_read_bytes": b.io_total("read_bytes") if slow else NAN,
             "proc_write_bytes": b.io_total("write_bytes") if slow else NAN,
         }
@@ -315,194 +417,383 @@ class ProcessTree:
         self._backend.abandon()
 
 
+class _Walker:
+    """When to walk the tree's smaps_rollup: a bucket of CPU seconds filled
+    at WALK_SHARE of wall time, and a per-kB cost learned from each walk."""
+
+    def __init__(self):
+        self.credit_s = WALK_BURST_S
+        self.s_per_kb = WALK_S_PER_KB
+        self.last_t = NAN
+        self.walked_t = -math.inf
+        self.wanted = True        # membership changed since the last walk
+        self.spent_s = 0.0        # CPU of every walk so far (benchmarks read it)
+        self.walks = 0
+
+    def cost_s(self, kb: float) -> float:
+        return kb * self.s_per_kb
+
+    def due(self, now: float, kb: float, ran: bool) -> bool:
+        if self.last_t == self.last_t:
+            self.credit_s = min(WALK_BURST_S, self.credit_s + (now - self.last_t) * WALK_SHARE)
+        self.last_t = now
+        if not (self.wanted or (ran and now - self.walked_t >= REFRESH_WALK_S)):
+            return False
+        return self.credit_s >= self.cost_s(kb)
+
+    def paid(self, now: float, cpu_s: float, kb: float) -> None:
+        self.credit_s -= cpu_s
+        self.spent_s += cpu_s
+        self.walks += 1
+        if kb > 0:
+            self.s_per_kb = max(cpu_s / kb, 1e-12)
+        self.walked_t, self.wanted = now, False
+
+
 class _ProcBackend:
-    """Linux: /proc read through kept-open descriptors."""
+    """Linux: /proc read directly (see the module's docstring)."""
 
     name = "proc"
 
     def __init__(self, tree: ProcessTree):
         self.tree = tree
-        self.procs: dict[int, _LinuxProc] = {}
+        self.procs: dict[int, _Proc] = {}
         self.retained_cpu_s = 0.0   # CPU of gone processes that no tree member reaped
-        self.gone_pages = 0.0       # RSS at the interval's start of processes gone in it
         self.root_alive = False
         self.root_is_self = tree.pid == os.getpid()
-        self.page_mb = os.sysconf("SC_PAGE_SIZE") / MIB
-        self.pages_per_kb = 1024.0 / os.sysconf("SC_PAGE_SIZE")
-        self._marks = False
-        self._peak_pages = 0.0
+        self.errors: list[str] = []
+        self.walker = _Walker()
+        self._reset = False
+        self._loadavg: ProcFile | None = None
+        self._last_pid = b""
+        self._last_boot_s = NAN
+        self._children_maxrss_kb = 0.0
         self._reader, self._reader_s = 0, 0.0   # the thread that read the tree last, its CPU then
+        self._memory: dict[str, float] = {}
+        # The shares of shared pages of walked processes gone since the last
+        # walk: the pages stay, now counted by the others (a pool's workers
+        # leaving a parent that still holds what they shared).
+        self.orphan_share_kb = 0.0
 
     def pids(self) -> tuple[int, ...]:
         return tuple(self.procs)
 
+    # -- opening -------------------------------------------------------------
     def open(self) -> None:
         pid = self.tree.pid
         try:
-            root = self.procs[pid] = _LinuxProc(pid, None)
+            root = self._new(pid, None)
         except FileNotFoundError:
             raise ProcessLookupError(f"no process with pid {pid}") from None
-        root.read_stat()
+        self.procs[pid] = root
         self.root_alive = True
+        try:
+            self._loadavg = ProcFile("/proc/loadavg")
+        except OSError:
+            self._loadavg = None
+        self._children_maxrss_kb = self._own_children_maxrss()
 
-    def open_marks(self) -> bool:
-        """Join the shared high-water mark of every process of the tree; False
-        (peaks sampled) when the root's cannot be read and reset here."""
-        root = self.procs[self.tree.pid]
-        mark = PeakMark(root.pid)
-        self._marks = mark.open()
-        if self._marks:
-            root.mark = mark
-        return self._marks
+    def _new(self, pid: int, parent: int | None) -> _Proc:
+        """A process's files opened and its stat read; closed again on failure."""
+        proc = _Proc(pid, parent, keep=True)
+        try:
+            proc.read_stat()
+            proc.cpus = _affinity(pid)
+        except BaseException:
+            proc.close()
+            raise
+        return proc
 
-    def _join(self, proc: _LinuxProc) -> float:
-        """Join a newly found process's mark; its peak (pages) before we joined."""
-        mark = PeakMark(proc.pid)
-        if not mark.open():
-            return 0.0
-        proc.mark = mark
-        return mark.joined_kb * self.pages_per_kb if mark.joined_kb == mark.joined_kb else 0.0
+    def peak_mode(self, reset: bool) -> str:
+        """Join the shared high-water marks when asked to reset them ("reset",
+        or, when they cannot be had, the marks read as they are)."""
+        if reset:
+            mark = PeakMark(self.tree.pid)
+            self._reset = mark.open()
+            if self._reset:
+                self.procs[self.tree.pid].mark = mark
+            else:
+                self.errors.append(f"exact peaks are off (high-water marks cannot be reset here: "
+                                   f"{mark.error or 'another user’s process'}); peaks are read without resets")
+        return "reset" if self._reset else "high-water marks"
 
+    # -- one sample ----------------------------------------------------------
     def refresh(self, now: float, dt: float, *, slow: bool) -> tuple[float, float]:
-        """Read the tree as of ``now``, ``dt`` after the previous read: (its
-        CPU seconds, of which used before this interval by processes found
-        now). The interval's peak is kept for :meth:`peak_mb`."""
-        root = self.tree.pid
-        gone = []
-        self.gone_pages = 0.0
+        """Read the tree as of ``now``, ``dt`` after the previous read:
+        (its CPU seconds, the CPU its processes may show in this interval's
+        rate). The interval's memory figures are kept for :meth:`memory`."""
+        boot_s = time.clock_gettime(time.CLOCK_BOOTTIME)
+        root_pid = self.tree.pid
+        gone: list[_Proc] = []
+        interval = _Interval()
+        shown_s = 0.0
+        reader_s = None
         for proc in list(self.procs.values()):
             try:
-                if slow:
-                    proc.read_stat()
-                elif proc.pid == root:
-                    # Children the root reaps show up in its cutime at once
-                    # (short-lived ones are never seen themselves).
-                    if self.root_is_self:
-                        t = os.times()  # this process: no /proc read needed
-                        proc.children_s = t.children_user + t.children_system
-                    else:
-                        proc.read_stat()
-                if proc.pid == root and self.root_is_self:
+                if proc.pid == root_pid and self.root_is_self:
                     reader_s = time.thread_time()  # just before the process's clock: the same window
-                proc.read()
-            except OSError:
-                gone.append(proc)
-        if self.root_is_self and root in self.procs:
-            self._discount_reader(self.procs[root], reader_s)
-        vanished = {proc.pid for proc in gone}
+                proc.read_clock()
+                if proc.pid == root_pid and self.root_is_self:
+                    self._discount_reader(proc, reader_s)
+                if proc.ran or proc.busy or slow:
+                    self._read_cpu(proc, interval, root_pid)
+                self._read_memory(proc, interval, slow)
+            except OSError as err:
+                if err.errno in GONE:
+                    gone.append(proc)
+                else:  # EMFILE, ENFILE, ...: the process is still there, its figures are not
+                    self._failed(proc, err, interval)
+                continue
+            shown_s += self._shown_s(proc, dt)
         for proc in gone:
-            self.gone_pages += proc.rss_pages
-            self._forget(proc, vanished)
-        if root in self.procs and self.procs[root].exited:
+            self._forget(proc, gone, interval)
+        if root_pid in self.procs and self.procs[root_pid].exited:
             self.root_alive = False
-        peak_pages = self._interval_peak(every=slow)
-        backfill_s = 0.0
-        if self.tree.children and (self.procs or self.tree.adopt):
-            for proc in self._find_children(thorough=slow):
-                backfill_s += self._backfill_s(proc, dt)
-                peak_pages += max(proc.rss_pages, self._join(proc) if self._marks else 0.0)
-        self._peak_pages = peak_pages
+        if self.tree.children and (self.procs or self.tree.adopt) and self._forked(slow):
+            for proc in self._find_children(thorough=slow, interval=interval, boot_s=boot_s):
+                shown_s += self._shown_s(proc, dt, backfill_s=self._backfill_s(proc, dt))
+        self._last_boot_s = boot_s
         if slow:
             for proc in self.procs.values():
                 proc.read_io()
-        return self.retained_cpu_s + sum(p.own_s + p.children_s for p in self.procs.values()), backfill_s
+        self._memory = interval.figures(self.procs.values(), self.orphan_share_kb)
+        if self.walker.due(now, self._memory["proc_rss_mb"] * 1024.0, interval.ran):
+            self._walk(now)
+        total = self.retained_cpu_s + sum(p.own_s + p.children_s for p in self.procs.values())
+        return total, shown_s
 
-    def _discount_reader(self, root: _LinuxProc, reader_s: float) -> None:
-        """This process ran if a thread other than nbmon's reading one ran:
-        nbmon's sampler runs every sample and runs no user code, so it
-        cannot have made a spike between two samples (any other thread can).
-        ``reader_s``: the reading thread's CPU clock as the process's was read."""
+    def _discount_reader(self, root: _Proc, reader_s: float) -> None:
+        """This process ran, memory-wise, if a thread other than nbmon's
+        reading one ran: nbmon's sampler runs no user code, so it cannot have
+        made a spike between two samples (any other thread can). Its CPU
+        still counts as CPU (``busy``). ``reader_s``: the reading thread's
+        CPU clock as the process's was read."""
         thread = threading.current_thread()
         if thread.ident == self._reader and thread.name.startswith("nbmon-"):
-            root.ran = root.ran_s - (reader_s - self._reader_s) > OTHERS_IDLE_S
+            others_s = root.ran_s - (reader_s - self._reader_s)
+            root.ran = others_s > OTHERS_IDLE_S
+            root.ran_s = max(others_s, 0.0) if root.ran else 0.0
         self._reader, self._reader_s = thread.ident, reader_s
 
-    def _interval_peak(self, every: bool) -> float:
-        """Pages: each known process's highest RSS within the interval (the
-        high-water mark of every process that ran, of ``every`` one on the
-        slow cadence)."""
-        total = self.gone_pages
+    def _read_cpu(self, proc: _Proc, interval: "_Interval", root_pid: int) -> None:
+        """Children's CPU of a process that ran (only a process that runs can
+        reap), and whether it reaped a child nbmon never saw."""
+        if proc.pid == root_pid and self.root_is_self:
+            t = os.times()  # this process: no /proc read needed
+            children_s = t.children_user + t.children_system
+            grown, proc.children_s = children_s - proc.children_s, children_s
+        else:
+            grown = proc.read_stat()
+        if grown > 0 and not proc.reaped:
+            interval.missed = True  # a child lived and was reaped between two samples
+            if proc.pid == root_pid and self.root_is_self:
+                interval.floor_kb = max(interval.floor_kb, self._own_children_maxrss())
+        proc.reaped = 0
+        proc.scan = True
+
+    def _own_children_maxrss(self) -> float:
+        kb = float(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+        self._children_maxrss_kb = max(self._children_maxrss_kb, kb)
+        return kb
+
+    def _read_memory(self, proc: _Proc, interval: "_Interval", slow: bool) -> None:
+        proc.start_kb = proc.rss_kb
+        if not (proc.ran or slow or proc.start_kb == 0.0):
+            interval.add(proc, proc.rss_kb, proc.rss_kb)  # did not run: it cannot have grown
+            return
+        status = proc.read_status()
+        rss = status.rss_kb if not proc.exited else 0.0
+        lo = max(proc.start_kb, rss)
+        if proc.mark is not None and (proc.ran or slow):
+            taken = proc.mark.take_kb()   # exact_peaks: the mark since the last take, reset
+            peak = bound = max(lo, taken) if taken == taken else lo
+        elif status.hwm_kb < proc.hwm_kb:
+            # Lower than before: something reset it (another tool, or an nbmon
+            # with exact_peaks): what the process reached before is unknown.
+            peak, bound = lo, NAN
+        elif status.hwm_kb > proc.hwm_kb or not proc.ran:
+            # Rose since the last read: this interval reached it. Or did not run.
+            peak = bound = max(lo, status.hwm_kb) if proc.ran else lo
+        else:
+            peak = lo
+            bound = lo + proc.ran_s * FAULT_KB_PER_S
+            if status.hwm_kb == status.hwm_kb:
+                bound = min(bound, max(lo, status.hwm_kb))
+        proc.hwm_kb = status.hwm_kb
+        _take(proc, status, rss)
+        interval.add(proc, peak, bound)
+
+    def _failed(self, proc: _Proc, err: OSError, interval: "_Interval") -> None:
+        self.errors.append(f"pid {proc.pid}: {err.strerror or err}")
+        interval.add(proc, proc.rss_kb, NAN)
+
+    def _shown_s(self, proc: _Proc, dt: float, backfill_s: float = 0.0) -> float:
+        """The CPU ``proc`` shows in this interval's rate: what it used since
+        it was last counted (less what a late-found one used before the
+        interval), capped at its own CPUs, the rest carried."""
+        used_s = proc.cpu_s - proc.counted_s - backfill_s + proc.carry_s
+        proc.counted_s = proc.cpu_s
+        cap_s = dt * _capped(float(len(proc.cpus) or _LOGICAL_CPUS), self.tree.quota) if dt > 0 else 0.0
+        shown_s = min(max(used_s, 0.0), cap_s)
+        proc.carry_s = max(used_s - shown_s, 0.0)
+        return shown_s
+
+    def settle(self) -> None:
+        """The CPU used before the run's start is no interval's."""
         for proc in self.procs.values():
-            top = max(proc.start_pages, proc.rss_pages)
-            if (every or proc.ran) and proc.mark is not None:
-                kb = proc.mark.take_kb()
-                if kb == kb:
-                    top = max(top, kb * self.pages_per_kb)
-            total += top
-        return total
+            proc.counted_s, proc.carry_s = proc.cpu_s, 0.0
 
-    @staticmethod
-    def _backfill_s(proc: _LinuxProc, dt: float) -> float:
-        """What a process found now used before the last ``dt`` seconds: its
-        CPU spread evenly over its life, from its start time."""
-        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - proc.started_s
-        if not age_s > dt > 0:  # born within the interval: all of it is the interval's
-            return 0.0
-        return proc.cpu_s * (1.0 - dt / age_s)
+    def busy_cpus(self) -> float:
+        """The CPUs of the processes that used CPU in the interval."""
+        cpus: set = set()
+        for proc in self.procs.values():
+            if proc.busy:
+                cpus |= proc.cpus
+        return float(len(cpus))
 
-    def _forget(self, proc: _LinuxProc, vanished=()) -> None:
+    # -- processes that went -------------------------------------------------
+    def _forget(self, proc: _Proc, gone: list[_Proc], interval: "_Interval") -> None:
         del self.procs[proc.pid]
         proc.close()
         self.tree.gone += 1
+        self.walker.wanted = True
         if proc.pid == self.tree.pid:
             self.root_alive = False
-        if proc.parent in vanished:
+        # It was there at the interval's start; what it did before it went is
+        # unknown, unless its parent (a tree member) reaped it: then the CPU it
+        # used since our last read shows in the parent's cutime.
+        bound = NAN
+        parent = self.procs.get(proc.parent)
+        if any(p.pid == proc.parent for p in gone):
             # Its parent went in the same interval, after reaping it: the time
             # is in the parent's cutime, and goes wherever the parent's goes.
-            return
-        parent = self.procs.get(proc.parent)
-        try:
-            if parent is not None:
-                # Reaped by a live tree member: its time moved to the parent's cutime.
-                parent.read_stat()
-                return
-        except OSError:
             pass
-        self.retained_cpu_s += proc.cpu_s
+        elif parent is not None:
+            try:
+                if parent.pid == self.tree.pid and self.root_is_self:
+                    t = os.times()
+                    grown = t.children_user + t.children_system - parent.children_s
+                    parent.children_s += grown
+                else:
+                    grown = parent.read_stat()
+                # Counted already: its CPU up to our last read of it.
+                parent.counted_s += proc.cpu_s
+                parent.reaped += 1
+                bound = proc.start_kb + max(0.0, grown - proc.cpu_s) * FAULT_KB_PER_S
+            except OSError:
+                self.retained_cpu_s += proc.cpu_s
+        else:
+            self.retained_cpu_s += proc.cpu_s
+        if bound != bound and proc.parent == os.getpid() and self.root_is_self:
+            bound = max(proc.start_kb, self._own_children_maxrss())
+        interval.add(proc, proc.start_kb, bound)
+        interval.gone.append(proc)
+        self.orphan_share_kb += proc.share_kb
 
-    def _find_children(self, thorough: bool) -> list[_LinuxProc]:
-        """Add the processes new to the tree; returns them."""
+    # -- processes that came -------------------------------------------------
+    def _forked(self, slow: bool) -> bool:
+        """Whether a process was created on this machine (the last pid in
+        /proc/loadavg moved) since the previous look; always on the cadence."""
+        if self._loadavg is None:
+            return True
+        try:
+            last = self._loadavg.read(128).rsplit(b" ", 1)[-1]
+        except OSError:
+            return True
+        changed, self._last_pid = last != self._last_pid, last
+        return changed or slow or self.tree.adopt
+
+    def _find_children(self, thorough: bool, interval: "_Interval", boot_s: float) -> list[_Proc]:
+        """Add the processes new to the tree (children of every thread of the
+        members that ran, of every member when ``thorough``); returns them."""
         known = self.procs
         found = []
-        queue = list(known.values())
+        queue = [p for p in known.values() if thorough or p.scan]
+        for proc in queue:
+            proc.scan = False
         if self.tree.adopt:  # orphans handed to us, the subreaper
             queue.append(None)
         while queue:
             parent = queue.pop()
+            parent_pid = os.getpid() if parent is None else parent.pid
             try:
-                if parent is None:
-                    pids, parent_pid = all_thread_child_pids(os.getpid()), None
-                else:
-                    pids = all_thread_child_pids(parent.pid) if thorough else parent.child_pids()
-                    parent_pid = parent.pid
-            except OSError:
+                pids = all_thread_child_pids(parent_pid)
+            except OSError as err:
+                if err.errno not in GONE:
+                    self.errors.append(f"children of pid {parent_pid}: {err.strerror or err}")
+                    interval.missed = True
                 continue
             for pid in pids:
                 if pid in known or pid in EXCLUDED:
                     continue
                 try:
-                    child = _LinuxProc(pid, parent_pid)
-                    child.read_stat()
-                    child.read()
-                except OSError:  # exited between the listing and the open
+                    child = self._new(pid, None if parent is None else parent.pid)
+                    child.read_clock()
+                    status = child.read_status()
+                except OSError as err:  # exited between the listing and the open
+                    if err.errno not in GONE:
+                        self.errors.append(f"pid {pid}: {err.strerror or err}")
+                        interval.missed = True
                     continue
-                child.read_io()
+                self._join(child, parent, status, interval, boot_s)
                 known[pid] = child
                 found.append(child)
                 queue.append(child)
         return found
 
-    def rss_mb(self) -> float:
-        return sum(p.rss_pages for p in self.procs.values()) * self.page_mb
+    def _join(self, child: _Proc, parent: _Proc | None, status: _Status, interval: "_Interval",
+              boot_s: float) -> None:
+        child.read_io()
+        self.walker.wanted = True
+        child.hwm_kb = status.hwm_kb
+        child.rss_kb = child.start_kb = status.rss_kb
+        if parent is not None and child.code == parent.code and child.code:
+            child.off_kb = status.rss_kb   # forked, no exec: what it has is its parent's pages
+        elif status.rss_kb <= WALK_NOW_KB:
+            self._walk_one(child)
+        if self._reset:
+            mark = PeakMark(child.pid)
+            if mark.open():
+                child.mark = mark
+        # Born since the previous sample: its mark is its peak in this interval.
+        # Found late: it was missed in the samples before.
+        born_s = child.started * _TICK_S
+        late = not (self._last_boot_s != self._last_boot_s or born_s >= self._last_boot_s - _TICK_S)
+        peak = max(status.rss_kb, status.hwm_kb) if status.hwm_kb == status.hwm_kb else status.rss_kb
+        _take(child, status, status.rss_kb)
+        interval.add(child, peak, NAN if late else peak)
 
-    def peak_mb(self) -> float:
-        return max(self._peak_pages * self.page_mb, self.rss_mb())
+    @staticmethod
+    def _backfill_s(proc: _Proc, dt: float) -> float:
+        """What a process found now used before the last ``dt`` seconds: its
+        CPU spread evenly over its life, from its start time."""
+        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - proc.started * _TICK_S
+        if not age_s > dt > 0:  # born within the interval: all of it is the interval's
+            return 0.0
+        return proc.cpu_s * (1.0 - dt / age_s)
 
-    def threads(self) -> float:
-        return sum(p.threads for p in self.procs.values())
+    # -- shared pages --------------------------------------------------------
+    def _walk(self, now: float) -> None:
+        """Every process's shared offset from a walk of its smaps_rollup."""
+        cpu0 = time.thread_time()
+        kb = 0.0
+        for proc in list(self.procs.values()):
+            kb += self._walk_one(proc)
+        self.orphan_share_kb = 0.0
+        self.walker.paid(now, time.thread_time() - cpu0, kb)
 
-    def count(self) -> int:
-        return len(self.procs)
+    def _walk_one(self, proc: _Proc) -> float:
+        try:
+            rss, pss, private = proc.walk()
+        except OSError:  # gone (the next sample forgets it), or no smaps_rollup (kernel < 4.14)
+            return 0.0
+        if rss == rss and pss == pss:
+            proc.off_kb, proc.walked = max(0.0, rss - pss), True
+            proc.share_kb = max(0.0, pss - private) if private == private else 0.0
+        return rss if rss == rss else 0.0
+
+    def memory(self) -> dict[str, float]:
+        return self._memory
 
     def io_total(self, field: str) -> float:
         return sum(getattr(p, field) for p in self.procs.values()) if self.procs else NAN
@@ -511,11 +802,17 @@ class _ProcBackend:
         for proc in self.procs.values():
             proc.close()
         self.procs.clear()
+        if self._loadavg is not None:
+            self._loadavg.close()
+            self._loadavg = None
 
     def abandon(self) -> None:
         for proc in self.procs.values():
             proc.abandon()
         self.procs.clear()
+        if self._loadavg is not None:
+            self._loadavg.close()
+            self._loadavg = None
 
 
 class _PsReading(NamedTuple):
@@ -527,7 +824,8 @@ class _PsReading(NamedTuple):
 
 
 class _PsutilBackend:
-    """Portable fallback through psutil; peaks are sampled."""
+    """Portable fallback through psutil: memory is the RSS sum and peaks are
+    sampled (no high-water marks, no PSS)."""
 
     name = "psutil"
 
@@ -541,6 +839,8 @@ class _PsutilBackend:
         self.values: dict[int, _PsReading] = {}
         self.retained_cpu_s = 0.0
         self.root_alive = False
+        self.errors: list[str] = []
+        self._last_total_s = NAN
 
     def pids(self) -> tuple[int, ...]:
         return tuple(self.procs)
@@ -553,8 +853,14 @@ class _PsutilBackend:
         self.procs = {root.pid: root}
         self.root_alive = True
 
-    def open_marks(self) -> bool:
-        return False
+    def peak_mode(self, reset: bool) -> str:
+        return "sampled"
+
+    def busy_cpus(self) -> float:
+        return float(_LOGICAL_CPUS)
+
+    def settle(self) -> None:
+        pass
 
     def refresh(self, now: float, dt: float, *, slow: bool) -> tuple[float, float]:
         ps = self.psutil
@@ -611,19 +917,17 @@ class _PsutilBackend:
                 continue
             if child.pid in self.values and age_s > dt > 0:
                 backfill_s += self.values[child.pid].cpu_s * (1.0 - dt / age_s)
-        return self.retained_cpu_s + sum(v.cpu_s for v in self.values.values()), backfill_s
+        total = self.retained_cpu_s + sum(v.cpu_s for v in self.values.values())
+        last, self._last_total_s = self._last_total_s, total
+        return total, (total - last - backfill_s if last == last else 0.0)
 
-    def rss_mb(self) -> float:
-        return sum(v.rss_bytes for v in self.values.values()) / MIB
-
-    def peak_mb(self) -> float:
-        return self.rss_mb()
-
-    def threads(self) -> float:
-        return sum(v.threads for v in self.values.values())
-
-    def count(self) -> int:
-        return len(self.values)
+    def memory(self) -> dict[str, float]:
+        rss = sum(v.rss_bytes for v in self.values.values()) / MIB
+        return {"proc_pss_mb": rss, "proc_pss_peak_mb": rss, "proc_pss_peak_bound_mb": NAN,
+                "proc_rss_mb": rss, "proc_rss_peak_mb": rss,
+                "proc_rss_anon_mb": NAN, "proc_rss_file_mb": NAN, "proc_rss_shmem_mb": NAN,
+                "proc_threads": sum(v.threads for v in self.values.values()),
+                "proc_count": float(len(self.values))}
 
     def io_total(self, field: str) -> float:
         return sum(getattr(v, field) for v in self.values.values()) if self.values else NAN
@@ -633,3 +937,57 @@ class _PsutilBackend:
         self.values.clear()
 
     abandon = close
+
+
+class _Interval:
+    """One interval's memory figures of a tree: each process's peak and the
+    upper end of its bracket are set on it (:meth:`add`); those of the
+    processes that went in the interval are kept here."""
+
+    __slots__ = ("gone", "ran", "missed", "floor_kb")
+
+    def __init__(self):
+        self.gone: list[_Proc] = []
+        self.ran = False          # a process ran (memory-wise) in the interval
+        self.missed = False       # a process lived in the interval unseen: no upper bound
+        self.floor_kb = 0.0       # the tree was at least this big at some moment
+
+    @staticmethod
+    def add(proc: _Proc, peak_kb: float, bound_kb: float) -> None:
+        """A process's best peak and its bracket's upper end in the interval (kB of RSS)."""
+        proc.peak_kb, proc.bound_kb = peak_kb, bound_kb
+
+    def figures(self, procs, shared_kb: float) -> dict[str, float]:
+        """The interval's figures; ``shared_kb``: pages the tree still holds
+        that no process's last walk counted (see ``orphan_share_kb``)."""
+        rss = anon = file = shmem = threads = mem = rss_peak = peak = bound = 0.0
+        count = 0
+        for group in (procs, self.gone):
+            for proc in group:
+                if group is procs:
+                    rss += proc.rss_kb
+                    anon += proc.anon_kb
+                    file += proc.file_kb
+                    shmem += proc.shmem_kb
+                    threads += proc.threads
+                    mem += max(proc.rss_kb - proc.off_kb, 0.0)
+                    count += 1
+                self.ran = self.ran or proc.ran
+                rss_peak += proc.peak_kb
+                peak += max(proc.peak_kb - proc.off_kb, 0.0)
+                bound += max(proc.bound_kb - proc.off_kb, 0.0)
+        mem += shared_kb
+        peak = max(peak + shared_kb, mem, self.floor_kb)
+        bound = NAN if self.missed else max(bound + shared_kb, peak)
+        return {
+            "proc_pss_mb": mem / 1024.0,
+            "proc_pss_peak_mb": peak / 1024.0,
+            "proc_pss_peak_bound_mb": bound / 1024.0,
+            "proc_rss_mb": rss / 1024.0,
+            "proc_rss_peak_mb": max(rss_peak, rss) / 1024.0,
+            "proc_rss_anon_mb": anon / 1024.0,
+            "proc_rss_file_mb": file / 1024.0,
+            "proc_rss_shmem_mb": shmem / 1024.0,
+            "proc_threads": threads,
+            "proc_count": float(count),
+        }
