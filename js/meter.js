@@ -20,6 +20,11 @@
 //   [data-nbmon-bar="cpu|ram|gpu"]     bar fill; data-fraction in [0, 1]. A bar
 //                                whose maximum is a metric (RAM: sys_mem_total_mb)
 //                                is [hidden] unless that value is > 0.
+//   [data-nbmon="alert"]         the memory warning, [hidden] unless memory_alert is
+//                                "container" or "machine" (that memory is above the
+//                                warning threshold: nbmon/memwarn.py); data-value is
+//                                its percentage. The root then has data-alert and the
+//                                class nbmon-meter--alert (the RAM bar turns red).
 //
 // Python sends None for unknown readings; they arrive as null and show "–".
 // Built into nbmon/notebook/static/meter.js by js/build.mjs, which inlines format.js.
@@ -79,6 +84,14 @@ const CSS = `
 .nbmon-meter__elapsed,
 .nbmon-meter__value { min-width: 4.5em; }
 .nbmon-meter__status { color: var(--nbmon-muted); margin-left: auto; }
+.nbmon-meter__alert {
+  color: var(--jp-error-color1, #d32f2f);
+  font-weight: 600;
+}
+.nbmon-meter--alert {
+  --nbmon-accent: var(--jp-error-color1, #d32f2f);
+}
+.nbmon-meter--alert [data-nbmon-bar="ram"] { background: var(--jp-error-color1, #d32f2f); }
 .nbmon-meter--done {
   --nbmon-fg: var(--jp-ui-font-color2, #777);
   --nbmon-fill: var(--jp-ui-font-color3, #aaa);
@@ -203,6 +216,7 @@ function render({ model, el }) {
     "data-value": "",
   });
   const statusEl = make(doc, "span", "nbmon-meter__status", { "data-nbmon": "status" });
+  const alertEl = make(doc, "span", "nbmon-meter__alert", { "data-nbmon": "alert", "data-value": "" });
 
   const groups = groupsOf(fields).map((g) => {
     const keyEl = make(doc, "span", "nbmon-meter__key");
@@ -227,6 +241,7 @@ function render({ model, el }) {
     labelEl,
     elapsedEl,
     ...groups.map((g) => g.el),
+    alertEl,
     statusEl,
   ]);
   el.appendChild(root);
@@ -264,6 +279,25 @@ function render({ model, el }) {
     const max = model.get(spec);
     const known = isNumber(max) && max > 0;
     return { max: known ? max : null, of: known ? ` of ${fmt(max, unitOf.get(spec) ?? "")}` : "" };
+  }
+
+  // The memory warning: which memory is near its limit, how near; its text, or "".
+  function renderAlert() {
+    const kind = model.get("memory_alert") || "";
+    const percent = model.get("memory_alert_percent");
+    const limit = fmt(model.get("memory_alert_limit_mb"), "MiB");
+    const shown = kind === "container" || kind === "machine";
+    setHidden(alertEl, !shown);
+    root.classList.toggle("nbmon-meter--alert", shown);
+    setAttr(root, "data-alert", shown ? kind : "");
+    setAttr(alertEl, "data-value", shown ? rawValue(percent) : "");
+    if (!shown) return "";
+    const text = kind === "container" ? `\u26a0 ${fmt(percent, "%")} of limit` : `\u26a0 memory ${fmt(percent, "%")} used`;
+    setText(alertEl, text);
+    setAttr(alertEl, "title", kind === "container"
+      ? `the container's memory is at ${fmt(percent, "%")} of its ${limit} limit: at the limit the kernel is killed`
+      : `the machine's memory is ${fmt(percent, "%")} used, of ${limit}: when it runs out, the kernel may be killed`);
+    return text;
   }
 
   function renderAll() {
@@ -307,6 +341,8 @@ function render({ model, el }) {
       }
       if (shown && texts.length) parts.push(`${key} ${texts.join(", ")}`.trim());
     }
+    const alert = renderAlert();
+    if (alert) parts.push(alert);
     parts.push(status);
     setAttr(root, "title", parts.filter(Boolean).join(" \u00b7 "));
 
@@ -315,7 +351,8 @@ function render({ model, el }) {
 
   // Registered per trait with a named function so cleanup can remove exactly
   // these handlers (a model outlives its views).
-  const traits = ["label", "status", "running", "elapsed_s", "gpu_count", ...fields.map((f) => f.name)];
+  const traits = ["label", "status", "running", "elapsed_s", "gpu_count", "memory_alert", "memory_alert_percent",
+    "memory_alert_limit_mb", ...fields.map((f) => f.name)];
   const handlers = traits.map((name) => {
     const handler =
       name === "elapsed_s" || name === "running"

@@ -35,6 +35,7 @@ _LAZY = {
     "samples": "notebook.session",
     "last_summary": "notebook.session",
     "read_ranks": "ranks",
+    "last_death": "postmortem",
 }
 
 __all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]

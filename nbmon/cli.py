@@ -30,14 +30,14 @@ import tempfile
 import time
 import warnings
 
-from . import files, ranks
+from . import files, postmortem, ranks
 from .engine import Monitor
 from .format import printable
 from .options import DEFAULT_INTERVAL_S, Options, check_interval
 from .senders import CSVSender, JSONLinesSender
 from .summary import ResourceSummary
 
-VERBS = ("run", "demo", "report")
+VERBS = ("run", "demo", "report", "postmortem")
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 # Files written while the command runs: --flag -> the sender streaming every sample there.
 STREAMS = {
@@ -110,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--force", action="store_true", help="replace the page if it exists")
     report.add_argument("--period", metavar="S", help="seconds between the lines of files without times "
                         "(SystemMonitor's sample_rate_seconds)")
+    sub.add_parser("postmortem", help="the kernels of yours that died while nbmon watched them, newest first",
+                   usage="nbmon postmortem")
     demo = sub.add_parser("demo", help="run a short built-in workload under the monitor")
     demo.add_argument("--interval", default=str(DEFAULT_INTERVAL_S), metavar="S")
     demo.add_argument("--html", metavar="PATH")
@@ -320,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         if args[0] not in VERBS and not args[0].startswith("-"):
             raise UsageError(f"unknown subcommand {args[0]!r}; use one of: {', '.join(VERBS)}")
         ns = _parser().parse_args(args)
+        if ns.verb == "postmortem":
+            return _postmortem()
         if ns.verb == "report":
             return _report(ns)
         interval = _interval(ns.interval)
@@ -338,6 +342,24 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         _say(f"nbmon: error: {err}")
         return 2
+
+
+def _postmortem() -> int:
+    """``nbmon postmortem``: each kernel of this user's that died while nbmon
+    watched it (its black box is kept a week), newest first; what in the
+    boxes' directory is not a box is named on stderr."""
+    found, scan = postmortem.deaths()
+    if scan.problem:
+        print(f"nbmon: {scan.problem}", file=sys.stderr)
+        return 1
+    for death in found:
+        print(f"{death}\n")
+    if not found:
+        print(f"nbmon: no kernel of yours died while nbmon watched it in the last "
+              f"{postmortem.KEEP_S / 86400:g} days")
+    for path, why in scan.skipped:
+        print(f"nbmon: skipped {printable(path)}: {why}", file=sys.stderr)
+    return 0
 
 
 def _report(ns) -> int:

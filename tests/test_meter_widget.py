@@ -28,6 +28,9 @@ EXPECTED_TRAITS = {
     "elapsed_s": traitlets.Float,
     "gpu_count": traitlets.Int,
     **{name: traitlets.Float for name in METER_NAMES},
+    "memory_alert": traitlets.Unicode,
+    "memory_alert_percent": traitlets.Float,
+    "memory_alert_limit_mb": traitlets.Float,
 }
 SCALARS = (traitlets.Float, traitlets.Int, traitlets.Unicode, traitlets.Bool)
 
@@ -54,7 +57,7 @@ def test_own_synced_traits_are_the_scalars_and_the_static_fields():
 
 def test_readings_are_the_catalogs_meter_metrics():
     assert [m.name for m in METRICS] == [m.name for m in catalog.METRICS if m.meter] == METER_NAMES
-    assert FLOAT_TRAITS == ("elapsed_s", *METER_NAMES)
+    assert FLOAT_TRAITS == ("elapsed_s", *METER_NAMES, "memory_alert_percent", "memory_alert_limit_mb")
     assert set(SLOTS) <= set(METER_NAMES), "a slot for a metric the catalog does not put on the meter"
     for field, metric in zip(FIELDS, METRICS):
         assert (field["name"], field["unit"], field["label"]) == (metric.name, metric.unit, metric.label)
@@ -111,7 +114,8 @@ def test_feed_values_come_from_the_catalog():
         values = feed.values()
         assert values == {"elapsed_s": 2.5, "proc_cpu_percent": 12.5, "proc_rss_mb": 1536.0,
                           "sys_mem_total_mb": 6144.0, "gpu_util_percent": values["gpu_util_percent"],
-                          "gpu_mem_used_mb": None}
+                          "gpu_mem_used_mb": None, "memory_alert": "", "memory_alert_percent": None,
+                          "memory_alert_limit_mb": None}
         assert math.isnan(values["gpu_util_percent"])
         assert meter.gpu_count == 1
     finally:

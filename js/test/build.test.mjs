@@ -279,7 +279,7 @@ test("every field with a hook has a value element, in catalog order, grouped", a
   const m = await mount();
   try {
     const hooks = [...m.el.walk()].map((n) => n.getAttribute("data-nbmon")).filter(Boolean);
-    assert.deepEqual(hooks, ["label", "elapsed", "cpu", "ram", "gpu", "gpu-mem", "status"]);
+    assert.deepEqual(hooks, ["label", "elapsed", "cpu", "ram", "gpu", "gpu-mem", "alert", "status"]);
     const groups = [...m.el.walk()].map((n) => n.getAttribute("data-nbmon-metric")).filter(Boolean);
     assert.deepEqual(groups, ["cpu", "ram", "gpu"]);
     const named = [...m.el.walk()].map((n) => n.getAttribute("data-name")).filter(Boolean);
@@ -347,6 +347,34 @@ test("built meter follows model changes and status classes", async () => {
     assert.ok(m.root.classList.contains("nbmon-meter--done"));
     assert.ok(!m.root.classList.contains("nbmon-meter--failed"));
     assert.equal(m.q("elapsed").textContent, "1:15");
+  } finally {
+    m.cleanup();
+    m.restore();
+  }
+});
+
+test("the memory warning marks the meter while it lasts", async () => {
+  const m = await mount();
+  try {
+    assert.equal(m.q("alert").hidden, true);
+    assert.equal(m.root.getAttribute("data-alert"), "");
+    m.model.set("memory_alert_percent", 92.04);
+    m.model.set("memory_alert_limit_mb", 8192);
+    m.model.set("memory_alert", "container");
+    assert.equal(m.q("alert").hidden, false);
+    assert.equal(m.q("alert").textContent, "\u26a0 92.0 % of limit");
+    assert.equal(m.q("alert").getAttribute("data-value"), "92.04");
+    assert.equal(m.q("alert").getAttribute("title"),
+      "the container's memory is at 92.0 % of its 8.0 GiB limit: at the limit the kernel is killed");
+    assert.equal(m.root.getAttribute("data-alert"), "container");
+    assert.ok(m.root.classList.contains("nbmon-meter--alert"));
+    assert.match(m.root.getAttribute("title"), / \u00b7 \u26a0 92\.0 % of limit \u00b7 running$/);
+    m.model.set("memory_alert", "machine");
+    assert.equal(m.q("alert").textContent, "\u26a0 memory 92.0 % used");
+    m.model.set("memory_alert", "");
+    assert.equal(m.q("alert").hidden, true);
+    assert.ok(!m.root.classList.contains("nbmon-meter--alert"));
+    assert.doesNotMatch(m.root.getAttribute("title"), /\u26a0/);
   } finally {
     m.cleanup();
     m.restore();

@@ -18,6 +18,7 @@ from IPython.display import HTML, display
 
 from .. import dask as nbmon_dask
 from ..options import BACKENDS, DEFAULT_INTERVAL_S, Options, check_interval
+from . import kernel_watch
 from .session import SESSION, cell_html, one_line
 
 SUBCOMMANDS = ("start", "stop", "status", "summary", "auto")
@@ -385,6 +386,7 @@ def load(ipython) -> None:
     magics = ResmonMagics(ipython)
     ipython.register_magics(magics)
     _loaded[id(ipython)] = magics
+    kernel_watch.install(ipython, display)  # the post-mortem of this notebook's last kernel, if it died
     # The first plotly FigureWidget costs seconds of imports: pay them now,
     # in the background, not when %resmon is typed.
     from . import dashboard
@@ -404,5 +406,6 @@ def unload(ipython) -> None:
     magics = _loaded.pop(id(ipython), None)
     if magics is not None:
         magics.close()
+        kernel_watch.uninstall(ipython)
         ipython.magics_manager.magics["line"].pop("resmon", None)
         ipython.magics_manager.magics["cell"].pop("resmon", None)

@@ -6,7 +6,10 @@ trait each, named as the catalog names them (units in the names:
 metric's unit and label and where it goes, so every number is shown by
 js/format.js's ``fmt`` in the metric's catalog unit, the same rules the
 static summary uses (nbmon/format.py). Unknown readings are None (JSON has
-no NaN); the front end shows them as "–".
+no NaN); the front end shows them as "–". While the container's memory (or,
+without a limit, the machine's) is above the warning threshold
+(:mod:`nbmon.memwarn`), ``memory_alert`` says which ("container" or
+"machine") with its percentage and limit, and the meter marks it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import anywidget
 import traitlets as t
 
-from .. import catalog
+from .. import catalog, memwarn
 from ..values import known
 
 STATUSES = ("running", "done", "failed", "interrupted")
@@ -65,7 +68,9 @@ FIELDS: tuple[dict[str, Any], ...] = tuple(
      "key": _slot(m).key, "bar": _slot(m).bar, "gpu": m.source in (catalog.GPU, catalog.DEVICE)}
     for m in METRICS)
 
-FLOAT_TRAITS = ("elapsed_s", *(m.name for m in METRICS))
+ALERTS = ("", memwarn.CONTAINER, memwarn.MACHINE)
+ALERT_FLOATS = ("memory_alert_percent", "memory_alert_limit_mb")
+FLOAT_TRAITS = ("elapsed_s", *(m.name for m in METRICS), *ALERT_FLOATS)
 
 
 class Meter(anywidget.AnyWidget):
@@ -89,6 +94,10 @@ class Meter(anywidget.AnyWidget):
     elapsed_s = t.Float(0.0, allow_none=True).tag(sync=True)
     # 0 hides the GPU metrics.
     gpu_count = t.Int(0).tag(sync=True)
+    # "" (no warning), "container" or "machine": that memory is above the warning threshold.
+    memory_alert = t.Unicode("").tag(sync=True)
+    memory_alert_percent = t.Float(None, allow_none=True).tag(sync=True)
+    memory_alert_limit_mb = t.Float(None, allow_none=True).tag(sync=True)
     fields = t.List(t.Dict(), default_value=list(FIELDS), read_only=True).tag(sync=True)
 
     # One trait per catalog meter metric (a None or 0 bar maximum hides that bar).
@@ -100,6 +109,12 @@ class Meter(anywidget.AnyWidget):
     def _nan_to_none(self, proposal: t.Bunch) -> float | None:
         # NaN/inf would be serialised as invalid JSON and break the comm.
         return known(proposal["value"])
+
+    @t.validate("memory_alert")
+    def _known_alert(self, proposal: t.Bunch) -> str:
+        if proposal["value"] not in ALERTS:
+            raise t.TraitError(f"memory_alert must be one of {ALERTS}, got {proposal['value']!r}")
+        return proposal["value"]
 
     @t.validate("status")
     def _known_status(self, proposal: t.Bunch) -> str:
@@ -162,11 +177,17 @@ class MeterFeed:
         self._thread.start()
 
     def values(self) -> dict[str, Any]:
-        """elapsed_s and the newest sample's value of each meter metric (None
-        where the sample has none: no GPU, a failed source)."""
+        """elapsed_s, the newest sample's value of each meter metric (None
+        where the sample has none: no GPU, a failed source), and the memory
+        warning if one lasts."""
         latest = self.monitor.latest()
+        watch = memwarn.attached(self.monitor)
+        warning = watch.warning if watch is not None else None
         return {"elapsed_s": self.monitor.clock() - self.t0,
-                **{m.name: latest.get(m.name) for m in METRICS}}
+                **{m.name: latest.get(m.name) for m in METRICS},
+                "memory_alert": warning.kind if warning else "",
+                "memory_alert_percent": warning.percent if warning else None,
+                "memory_alert_limit_mb": warning.limit_mb if warning else None}
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):

@@ -16,6 +16,7 @@ from .charts import svg_record_timeline
 
 
 MAX_RECORDS = 10_000   # cells the history keeps: the oldest go first
+from .kernel_watch import WATCH
 
 
 class Session:
@@ -35,6 +36,7 @@ class Session:
         if self.monitor is not None and self.monitor.running:
             return self.monitor, False
         self.monitor = Monitor(options=options)
+        WATCH.attach(self.monitor)  # the memory warning and the black box (issue 20)
         if start:
             self.monitor.start()
         return self.monitor, True

@@ -1,0 +1,525 @@
+"""The black box: the last minute of a kernel's figures in a small file that
+outlives the kernel, so that the next kernel can say why this one died
+(:mod:`nbmon.postmortem`).
+
+While the notebook's monitor runs, each kernel keeps one file,
+``<private dir>/boxes/<pid>-<start>-<boot>.box`` (the 0700 per-user
+directory of :mod:`nbmon.runtime`; never a shared one). It is removed when
+the monitor stops or the kernel exits normally; a box whose kernel is gone
+is what a death leaves behind.
+
+The file has a fixed size (8,192 + 64 bytes at most) and is only ever
+written in place with ``pwrite``, each part with its own CRC-32:
+
+- a header (2,048 bytes): ``NBMONBOX``, the JSON's length and CRC, and a
+  JSON object saying whose box it is (pid, start time, boot, pid namespace,
+  uid), where it ran (notebook, working directory, memory cgroup) and the
+  names of the record's fields;
+- the running cell (256 bytes): CRC, change count, prompt number, running
+  or not, when it started, its label;
+- a ring of 64 records, one a second: CRC, sequence number, wall time, one
+  float64 per field (NaN: unknown).
+
+A record holds its second's statistic of each field over every sample taken
+in it (the highest memory, the lowest available memory, the mean CPU), so a
+spike between two records is not lost. While memory is above the warning
+threshold, the current second's record is rewritten at every check (four a
+second), so the last record before an OOM kill is at most 0.25 s old. Every
+part is one small ``pwrite`` into the page cache: a process killed at any
+moment leaves each part whole.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import socket
+import struct
+import threading
+import time
+import weakref
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import catalog
+from .runtime import UnsafePath, open_private, pid_started, private_dir
+
+VERSION = 1
+MAGIC = b"NBMONBOX"
+HEADER_SIZE = 2048
+CELL_SIZE = 256
+SLOTS = 64                 # records: about a minute at one a second
+RECORD_EVERY_S = 1.0
+CHECK_EVERY_S = 0.25       # the consumer's cadence (a record is rewritten at most this often)
+MAX_FIELDS = 16
+LABEL_BYTES = 200
+SUFFIX = ".box"
+
+_HEAD = struct.Struct("<8sII")          # magic, JSON length, JSON CRC
+_CELL = struct.Struct("<IQqBdH")        # CRC, change count, number, running, started, label length
+_RECORD_HEAD = struct.Struct("<IIQd")   # CRC, unused, sequence number, wall time
+
+
+def _tree_memory() -> str:
+    # The tree's headline memory: the one the live chart draws as the kernel's.
+    return next(m.name for m in catalog.METRICS if m.source == catalog.TREE and m.chart == "memory")
+
+
+# (column, how a second's samples become its record)
+FIELDS: tuple[tuple[str, str], ...] = (
+    (_tree_memory(), "max"),
+    ("proc_cpu_percent", "mean"),
+    ("cgroup_mem_used_mb", "max"),
+    ("cgroup_mem_limit_mb", "last"),
+    ("cgroup_oom_kills", "max"),
+    ("sys_mem_available_mb", "min"),
+    ("sys_mem_total_mb", "last"),
+    ("gpu_mem_used_mb", "max"),
+)
+CONTAINER = ("cgroup_mem_used_mb", "cgroup_mem_limit_mb", "cgroup_oom_kills")
+
+
+def record_struct(fields: int) -> struct.Struct:
+    return struct.Struct(_RECORD_HEAD.format + "d" * fields)
+
+
+def box_size(fields: int) -> int:
+    return HEADER_SIZE + CELL_SIZE + SLOTS * record_struct(fields).size
+
+
+class BadBox(ValueError):
+    """A file that is not a whole black box of this version."""
+
+
+def boot_id() -> str:
+    """This boot's id (a pid and start time name one process within one boot only)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace ('pid:[4026531836]'): pids mean nothing in another one."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def box_dir() -> str:
+    """The directory of the black boxes (made as needed); UnsafePath or
+    another OSError when it cannot be had safely."""
+    return private_dir("boxes")
+
+
+def notebook_name() -> str:
+    """The notebook this kernel runs for, as the Jupyter server says
+    (``JPY_SESSION_NAME``); '' outside a notebook server."""
+    return os.environ.get("JPY_SESSION_NAME", "")
+
+
+# -- the running cell ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """A cell as the box keeps it: its prompt number (None: unknown), label,
+    whether it was running, and when it started (epoch s; NaN: unknown)."""
+
+    number: int | None
+    label: str
+    running: bool
+    started: float
+
+
+IDLE = Cell(None, "", False, math.nan)
+
+
+class CellNote:
+    """The kernel's running cell, as the notebook's cell hooks tell it. The
+    open boxes write each change at once: a cell that dies at its first
+    allocation is still the one named."""
+
+    def __init__(self):
+        self.cell = IDLE
+        self.changes = 0
+        self._boxes: "weakref.WeakSet[BlackBox]" = weakref.WeakSet()
+
+    def started(self, number: int | None, label: str) -> None:
+        self._set(Cell(number, label, True, time.time()))
+
+    def finished(self) -> None:
+        cell = self.cell
+        self._set(Cell(cell.number, cell.label, False, cell.started))
+
+    def running(self) -> tuple[int | None, float] | None:
+        """The running cell's identity (number, start), None between cells."""
+        cell = self.cell
+        return (cell.number, cell.started) if cell.running else None
+
+    def watch(self, box: "BlackBox") -> None:
+        self._boxes.add(box)
+
+    def unwatch(self, box: "BlackBox") -> None:
+        self._boxes.discard(box)
+
+    def _set(self, cell: Cell) -> None:
+        # Called on the kernel's main thread only (IPython's cell hooks).
+        self.cell = cell
+        self.changes += 1
+        for box in list(self._boxes):
+            box.write_cell()
+
+
+# -- the file format ---------------------------------------------------------------------
+
+
+def _crc(data: bytes) -> int:
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def encode_header(header: dict) -> bytes:
+    room = HEADER_SIZE - _HEAD.size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    for key in ("cwd", "notebook"):  # very long paths lose their middle, never the header its end
+        if len(text) > room:
+            value = header[key]
+            header = {**header, key: value[:60] + "\u2026" + value[-60:] if len(value) > 121 else value}
+            text = json.dumps(header, separators=(",", ":")).encode()
+    if len(text) > room:
+        raise ValueError(f"a black box header of {len(text)} bytes does not fit in {room}")
+    return (_HEAD.pack(MAGIC, len(text), _crc(text)) + text).ljust(HEADER_SIZE, b"\0")
+
+
+def encode_cell(cell: Cell, changes: int) -> bytes:
+    label = cell.label.encode("utf-8", "replace")[:LABEL_BYTES].decode("utf-8", "ignore").encode()
+    number = -1 if cell.number is None else cell.number
+    body = _CELL.pack(0, changes, number, cell.running, cell.started, len(label))[4:] + label
+    return (struct.pack("<I", _crc(body)) + body).ljust(CELL_SIZE, b"\0")
+
+
+def encode_record(layout: struct.Struct, seq: int, wall: float, values) -> bytes:
+    body = layout.pack(0, 0, seq, wall, *values)[4:]
+    return struct.pack("<I", _crc(body)) + body
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    seq: int
+    wall: float
+    values: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Box:
+    """A black box as read back: ``header`` (validated: pid, started, boot,
+    pid_ns, uid, created, notebook, cwd, host, cgroup, fields), the ``cell``,
+    the ``records`` oldest first, and how many slots failed their checksum."""
+
+    path: str
+    header: dict
+    cell: Cell
+    records: tuple[Record, ...]
+    damaged: int
+
+
+_HEADER_TYPES = {"version": int, "pid": int, "started": int, "boot": str, "pid_ns": str, "uid": int,
+                 "created": float, "notebook": str, "cwd": str, "host": str, "cgroup": dict, "fields": list}
+
+
+def decode(data: bytes, path: str = "") -> Box:
+    """The box in ``data``; :class:`BadBox` saying what is wrong otherwise."""
+    if len(data) < HEADER_SIZE + CELL_SIZE:
+        raise BadBox(f"{len(data)} bytes: truncated")
+    magic, length, crc = _HEAD.unpack_from(data)
+    if magic != MAGIC:
+        raise BadBox("not a black box (no NBMONBOX mark)")
+    text = data[_HEAD.size:_HEAD.size + length]
+    if length > HEADER_SIZE - _HEAD.size or _crc(text) != crc:
+        raise BadBox("its header is damaged (checksum)")
+    try:
+        header = json.loads(text)
+    except ValueError:
+        raise BadBox("its header is not JSON") from None
+    header = _checked_header(header)
+    layout = record_struct(len(header["fields"]))
+    if len(data) != box_size(len(header["fields"])):
+        raise BadBox(f"{len(data)} bytes, not {box_size(len(header['fields']))}: truncated or grown")
+    cell = _decode_cell(data[HEADER_SIZE:HEADER_SIZE + CELL_SIZE])
+    records, damaged = [], 0
+    for slot in range(SLOTS):
+        chunk = data[HEADER_SIZE + CELL_SIZE + slot * layout.size:][:layout.size]
+        crc, _, seq, wall, *values = layout.unpack(chunk)
+        if seq == 0 and not any(chunk[4:]):
+            continue  # never written
+        if _crc(chunk[4:]) != crc or not math.isfinite(wall):
+            damaged += 1
+            continue
+        records.append(Record(seq, wall, {name: v if math.isfinite(v) else math.nan
+                                          for name, v in zip(header["fields"], values)}))
+    records.sort(key=lambda r: r.seq)
+    # A ring holds one record per sequence number of its last SLOTS: older ones are leftovers.
+    newest = records[-1].seq if records else 0
+    records = [r for r in records if r.seq > newest - SLOTS]
+    return Box(path, header, cell, tuple(records), damaged)
+
+
+def _checked_header(header) -> dict:
+    if not isinstance(header, dict):
+        raise BadBox("its header is not a JSON object")
+    if header.get("version") != VERSION:
+        raise BadBox(f"written by another version of nbmon (box version {header.get('version')!r})")
+    for key, kind in _HEADER_TYPES.items():
+        value = header.get(key)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = header[key] = float(value)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise BadBox(f"its header's {key!r} is {value!r}, not a {kind.__name__}")
+    fields = header["fields"]
+    if not 0 < len(fields) <= MAX_FIELDS or not all(isinstance(f, str) and 0 < len(f) <= 64 for f in fields):
+        raise BadBox("its header lists no valid fields")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in header["cgroup"].items()):
+        raise BadBox("its header's cgroup is not a table of names")
+    if header["pid"] <= 0 or header["started"] < 0:
+        raise BadBox(f"its header names no process (pid {header['pid']}, start {header['started']})")
+    return header
+
+
+def _decode_cell(chunk: bytes) -> Cell:
+    crc, _changes, number, running, started, length = _CELL.unpack_from(chunk)
+    body_end = _CELL.size + length
+    if length > LABEL_BYTES or _crc(chunk[4:body_end]) != crc:
+        raise BadBox("its cell record is damaged (checksum)")
+    label = chunk[_CELL.size:body_end].decode("utf-8", "replace")
+    return Cell(None if number < 0 else number, label, bool(running),
+                started if math.isfinite(started) else math.nan)
+
+
+def read_box(path: str) -> Box:
+    """Read and check the box at ``path``: a regular file of this user's
+    (opened without following a link; see :func:`nbmon.runtime.open_private`)
+    of a black box's size and form; :class:`BadBox` or an OSError
+    (:class:`~nbmon.runtime.UnsafePath` among them) otherwise."""
+    fd = open_private(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        data = os.pread(fd, box_size(MAX_FIELDS) + 1, 0)
+    finally:
+        os.close(fd)
+    return decode(data, path)
+
+
+# -- the writer --------------------------------------------------------------------------
+
+
+class _Second:
+    """One second's statistics of each field, folded from blocks of samples."""
+
+    def __init__(self, stats: tuple[str, ...]):
+        k = len(stats)
+        self.stats = np.array(stats)
+        self.hi, self.lo, self.last = np.full(k, math.nan), np.full(k, math.nan), np.full(k, math.nan)
+        self.sum, self.n = np.zeros(k), np.zeros(k)
+
+    def add(self, block: np.ndarray) -> None:
+        """Samples: ``block`` is (fields, m)."""
+        if block.shape[1] == 0:
+            return
+        valid = ~np.isnan(block)
+        self.hi = np.fmax(self.hi, np.fmax.reduce(block, axis=1))
+        self.lo = np.fmin(self.lo, np.fmin.reduce(block, axis=1))
+        self.sum += np.where(valid, block, 0.0).sum(axis=1)
+        self.n += valid.sum(axis=1)
+        newest = block.shape[1] - 1 - valid[:, ::-1].argmax(axis=1)
+        seen = valid.any(axis=1)
+        self.last[seen] = block[np.arange(block.shape[0]), newest][seen]
+
+    def values(self) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(self.n > 0, self.sum / self.n, math.nan)
+        return np.select([self.stats == "max", self.stats == "min", self.stats == "mean"],
+                         [self.hi, self.lo, mean], self.last)
+
+
+_open_boxes: "weakref.WeakSet[BlackBox]" = weakref.WeakSet()
+
+
+class BlackBox:
+    """A consumer that keeps the kernel's black box (see the module's
+    docstring) while its monitor runs, and removes it when the run ends.
+
+    ``cell`` is the kernel's :class:`CellNote`; ``memory`` (a
+    :class:`nbmon.memwarn.MemoryWatch` attached before this box) gives the
+    container's memory four times a second (the store has it once a second)
+    and says when it is near the limit. A box that cannot be written fails
+    once, as the monitor's fault ``BlackBox`` (``%resmon status``), and then
+    stays quiet: the kernel runs on without a post-mortem. It holds one file
+    descriptor while the run lasts."""
+
+    name = "BlackBox"
+    every_s = CHECK_EVERY_S
+    at_start = True
+
+    def __init__(self, cell: CellNote, memory=None, *, notebook: str | None = None):
+        self.cell = cell
+        self.memory = memory
+        self.notebook = notebook_name() if notebook is None else notebook
+        self.path: str | None = None
+        self.writes = 0
+        self._fd: int | None = None
+        self._store = None
+        self._broken = False
+        self._lock = threading.Lock()
+        names = tuple(name for name, _ in FIELDS)
+        self._names = names
+        self._layout = record_struct(len(names))
+        self._second = _Second(tuple(stat for _, stat in FIELDS))
+        self._second_t0 = 0.0
+        self._seq = 0
+        self._cursor = 0
+        self._take = np.zeros(0, dtype=int)
+        self._container = np.array([names.index(c) for c in CONTAINER])
+
+    # -- the consumer --------------------------------------------------------
+    def consume(self, store, final: bool) -> None:
+        with self._lock:
+            if self._broken:
+                return
+            try:
+                if store is not self._store or self._fd is None:
+                    self._open(store)
+                self._fold(store)
+                now = time.monotonic()
+                rolled = now - self._second_t0 >= RECORD_EVERY_S - CHECK_EVERY_S / 2
+                if rolled or (self.memory is not None and self.memory.warning is not None):
+                    self._write_record()
+                if rolled:
+                    self._seq += 1
+                    self._second = _Second(tuple(stat for _, stat in FIELDS))
+                    self._second_t0 = now
+            except (OSError, ValueError) as err:
+                self._broken = True
+                self._close_locked()
+                raise OSError(f"the black box could not be written ({err}); "
+                              f"this kernel will have no post-mortem") from err
+
+    def close(self) -> None:
+        """The run ended: the box goes (the kernel did not die)."""
+        with self._lock:
+            self._close_locked()
+
+    # -- the file ----------------------------------------------------------------
+    def _open(self, store) -> None:
+        self._close_locked()
+        pid = os.getpid()
+        header = {"version": VERSION, "pid": pid, "started": pid_started(pid), "boot": boot_id(),
+                  "pid_ns": pid_namespace(), "uid": os.geteuid(), "created": time.time(),
+                  "notebook": self.notebook, "cwd": _cwd(), "host": socket.gethostname(),
+                  "cgroup": self.memory.cgroup if self.memory is not None else {},
+                  "fields": list(self._names)}
+        if header["started"] is None:
+            raise UnsafePath(f"cannot read this process's start time from /proc/{pid}/stat")
+        path = os.path.join(box_dir(), f"{pid}-{header['started']}-{header['boot'][:8]}{SUFFIX}")
+        fd = open_private(path, os.O_RDWR | os.O_CREAT)
+        try:
+            size = box_size(len(self._names))
+            os.posix_fallocate(fd, 0, size)   # a full disk fails here, not at a later write
+            os.pwrite(fd, encode_header(header).ljust(size, b"\0"), 0)
+            os.ftruncate(fd, size)
+        except BaseException:
+            os.close(fd)
+            _remove(path)
+            raise
+        self._fd, self.path, self._store = fd, path, store
+        # The first consume writes a record at once: a kernel that dies in its first second has one.
+        self._cursor, self._seq, self._second_t0 = 0, 1, -math.inf
+        self._second = _Second(tuple(stat for _, stat in FIELDS))
+        columns = store.columns
+        # Columns the store lacks (no GPU, no cgroup) read from a NaN row appended below.
+        self._take = np.array([columns.index(n) if n in columns else len(columns) for n in self._names])
+        self.cell.watch(self)
+        _open_boxes.add(self)
+        self._write_cell_locked()
+
+    def _fold(self, store) -> None:
+        _t, _wall, rows, self._cursor, _lost = store.rows_since(self._cursor)
+        padded = np.vstack([rows, np.full((1, rows.shape[1]), math.nan)])
+        self._second.add(padded[self._take])
+        reading = self.memory.container if self.memory is not None else None
+        if reading is not None:  # four reads a second, where the store has one
+            block = np.full((len(self._names), 1), math.nan)
+            block[self._container, 0] = reading
+            self._second.add(block)
+
+    def _write_record(self) -> None:
+        record = encode_record(self._layout, self._seq, time.time(), self._second.values().tolist())
+        offset = HEADER_SIZE + CELL_SIZE + (self._seq % SLOTS) * self._layout.size
+        os.pwrite(self._fd, record, offset)
+        self.writes += 1
+
+    def write_cell(self) -> None:
+        """Write the running cell now (called from the cell hooks' thread)."""
+        with self._lock:
+            if self._fd is None or self._broken:
+                return
+            try:
+                self._write_cell_locked()
+            except OSError:
+                self._broken = True  # said at the next consume, on the monitor's thread
+                self._close_locked()
+
+    def _write_cell_locked(self) -> None:
+        os.pwrite(self._fd, encode_cell(self.cell.cell, self.cell.changes), HEADER_SIZE)
+
+    def _close_locked(self) -> None:
+        fd, path = self._fd, self.path
+        self._fd = self.path = self._store = None
+        if fd is not None:
+            _remove(path)
+            os.close(fd)
+        self.cell.unwatch(self)
+        _open_boxes.discard(self)
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+@atexit.register
+def _remove_at_exit() -> None:
+    """A kernel that exits normally leaves no box (the consumers' thread is a
+    daemon: its close() would not run)."""
+    for box in list(_open_boxes):
+        box.close()
+
+
+def _forget_in_child() -> None:
+    # A forked child is not the kernel: it never writes nor removes the kernel's box.
+    for box in list(_open_boxes):
+        box._lock = threading.Lock()
+        fd, box._fd, box.path, box._store = box._fd, None, None, None
+        box._broken = True
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    _open_boxes.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,0 +1,85 @@
+"""Watching over the kernel itself (issue 20): a warning in the running cell
+before the container's memory limit (:mod:`nbmon.memwarn`), the black box
+while the notebook's monitor runs (:mod:`nbmon.blackbox`), and, at
+``%load_ext nbmon``, the post-mortem of this notebook's last kernel if it
+died (:mod:`nbmon.postmortem`).
+
+No IPython import: the shell and IPython's ``display`` are handed in by
+:mod:`nbmon.notebook.magics`.
+"""
+from __future__ import annotations
+
+import sys
+
+from .. import postmortem
+from ..blackbox import BlackBox, CellNote
+from ..memwarn import MemoryWatch
+
+LABEL_CHARS = 60
+
+
+def _first_line(source: str) -> str:
+    return next((line.strip() for line in (source or "").splitlines() if line.strip()), "")[:LABEL_CHARS]
+
+
+def _say(text: str) -> None:
+    # From the monitor's consumers thread: ipykernel sends a thread's output
+    # to the cell that runs now. stderr, so that it reads as a warning.
+    print(text, file=sys.stderr, flush=True)
+
+
+class KernelWatch:
+    """The kernel's cell note, and what attaches the memory warning and the
+    black box to each monitor the notebook session makes."""
+
+    def __init__(self):
+        self.cell = CellNote()
+        self.say = None   # set while nbmon is loaded in a shell: warnings go to the running cell
+
+    def attach(self, monitor) -> None:
+        """Give ``monitor`` (not started yet) its memory warning and black box."""
+        watch = MemoryWatch(monitor.pid, monitor.options.memory_warning_percent, say=self._tell,
+                            running_cell=self.cell.running)
+        monitor.attach(watch)   # first: the box reads what it has just read
+        monitor.attach(BlackBox(self.cell, watch))
+
+    def _tell(self, text: str) -> None:
+        if self.say is not None:
+            self.say(text)
+
+
+WATCH = KernelWatch()
+_hooks: dict[int, tuple] = {}
+
+
+def install(shell, display) -> None:
+    """``%load_ext nbmon``: follow ``shell``'s cells, and show the post-mortem
+    of this notebook's last kernel with ``display`` if it died unseen."""
+    if id(shell) not in _hooks:
+        def started(info):
+            WATCH.cell.started(shell.execution_count, _first_line(info.raw_cell))
+
+        def finished(_result):
+            WATCH.cell.finished()
+
+        shell.events.register("pre_run_cell", started)
+        shell.events.register("post_run_cell", finished)
+        _hooks[id(shell)] = (started, finished)
+    WATCH.say = _say
+    try:
+        death, problem = postmortem.claim()
+    except Exception as err:  # noqa: BLE001 - never let a post-mortem stop the extension loading
+        death, problem = None, f"{type(err).__name__}: {err}"
+    if problem:
+        print(f"nbmon: no post-mortem: {problem}", file=sys.stderr)
+    if death is not None:
+        display(death)
+
+
+def uninstall(shell) -> None:
+    hooks = _hooks.pop(id(shell), None)
+    if hooks is not None:
+        shell.events.unregister("pre_run_cell", hooks[0])
+        shell.events.unregister("post_run_cell", hooks[1])
+    if not _hooks:
+        WATCH.say = None

@@ -1,0 +1,333 @@
+"""Why did my kernel die? The post-mortem of a kernel that left its black box
+(:mod:`nbmon.blackbox`) behind.
+
+A box whose kernel is gone (its pid and start time name no live process, or
+the host has restarted since) is a death. Its cause is what nbmon can
+establish, nothing more:
+
+- the OOM-kill counter of the kernel's memory cgroup is higher now than in
+  the box's last record: "killed by the container's OOM killer at 7.9 GiB
+  of its 8.0 GiB limit" (without a limit: by the OOM killer, with the
+  machine's available memory);
+- the host restarted since (another boot id): "the host restarted";
+- otherwise: "the kernel stopped without exiting normally", with the last
+  figures (a SIGKILL, a crash, a host that stopped it).
+
+A box of a live process, or of a process in another pid namespace (whose
+pid says nothing here), is never a death. Each death is shown once, by the
+next ``%load_ext nbmon`` of the same notebook (``JPY_SESSION_NAME``; without
+one, of a kernel that had none either): :func:`claim` renames its box from
+``.box`` to ``.seen``, so two kernels starting at once cannot both show it.
+:func:`last_death` and ``nbmon postmortem`` read shown ones too.
+
+Boxes of the dead are kept :data:`KEEP_S` (7 days), at most
+:data:`KEEP_DEAD` (16) of them, and swept at each ``%load_ext nbmon``.
+Anything in the directory that is not a whole box of this user's (a
+truncated or damaged file, garbage, a link, another user's file) is skipped
+with a sentence saying why (``nbmon postmortem`` lists them), never read
+through, never raised; the sweep removes only this user's own regular files.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass, field
+
+from . import catalog
+from .blackbox import SUFFIX, BadBox, Box, Cell, boot_id, box_dir, notebook_name, pid_namespace, read_box
+from .format import fmt, printable
+from .render import html_table, svg_timeline
+from .runtime import alive
+from .sources.cgroup import Cgroup
+
+KEEP_S = 7 * 86400.0
+KEEP_DEAD = 16
+MAX_ENTRIES = 256          # names looked at in the directory, at most
+SEEN = ".seen"
+_NAME = re.compile(r"\d{1,10}-\d{1,20}-[0-9a-f]{0,8}(\.box|\.seen)")
+OOM, HOST_RESTART, UNKNOWN = "oom", "host restarted", "unknown"
+
+
+@dataclass(frozen=True)
+class Death:
+    """One kernel's death, as data. Times are epoch seconds, memory MiB,
+    unknown figures NaN. ``cause`` is "oom", "host restarted" or
+    "unknown"; ``records`` are the box's last minute: ``(wall, {field:
+    value})``, oldest first. In a notebook it shows as a record like a
+    ``%%resmon`` cell's; ``str()`` is its text."""
+
+    pid: int
+    notebook: str
+    cwd: str
+    host: str
+    last_seen: float
+    cell: Cell
+    cause: str
+    oom_kills: float             # OOM kills in the container after the box's last record
+    memory_used_mb: float        # the container's usage in the last record
+    memory_limit_mb: float
+    memory_peak_mb: float        # the container's highest usage in the box
+    tree_memory_mb: float        # the process tree's memory in the last record
+    tree_memory_peak_mb: float
+    cpu_percent: float
+    available_mb: float          # the machine's available memory in the last record
+    total_mb: float
+    gpu_memory_mb: float
+    records: tuple = field(repr=False)
+    path: str = field(default="", repr=False)
+
+    def cause_text(self) -> str:
+        if self.cause == OOM:
+            if self.memory_limit_mb == self.memory_limit_mb:
+                return (f"killed by the container's OOM killer at {fmt(self.memory_used_mb, 'MiB')} "
+                        f"of its {fmt(self.memory_limit_mb, 'MiB')} memory limit")
+            return (f"killed by the OOM killer ({fmt(self.available_mb, 'MiB')} of the machine's "
+                    f"{fmt(self.total_mb, 'MiB')} were available)")
+        if self.cause == HOST_RESTART:
+            return "the host restarted while the kernel ran"
+        return "the kernel stopped without exiting normally (killed by a signal, a crash, or its host); no OOM kill"
+
+    def title(self) -> str:
+        who = f"a kernel of {printable(self.notebook)}" if self.notebook else "a kernel of yours"
+        return f"nbmon · {who} died"
+
+    def rows(self) -> list[tuple[str, str]]:
+        age = max(0.0, time.time() - self.last_seen)
+        rows = [("Last seen alive", f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.last_seen))} "
+                                    f"({fmt(age, 's')} ago)"),
+                ("Cell", self._cell_text()),
+                ("Cause", self.cause_text())]
+        if self.memory_used_mb == self.memory_used_mb:
+            limit = f" of {fmt(self.memory_limit_mb, 'MiB')}" if self.memory_limit_mb == self.memory_limit_mb else ""
+            rows.append(("Memory (container)", f"{fmt(self.memory_used_mb, 'MiB')}{limit}, "
+                                               f"peak {fmt(self.memory_peak_mb, 'MiB')}"))
+        rows += [("Memory (process tree)", f"{fmt(self.tree_memory_mb, 'MiB')}, peak {fmt(self.tree_memory_peak_mb, 'MiB')}"),
+                 ("CPU (process tree)", fmt(self.cpu_percent, "%")),
+                 ("Machine memory available", f"{fmt(self.available_mb, 'MiB')} of {fmt(self.total_mb, 'MiB')}")]
+        if self.gpu_memory_mb == self.gpu_memory_mb:
+            rows.append(("GPU memory", fmt(self.gpu_memory_mb, "MiB")))
+        rows.append(("Kernel", f"pid {self.pid} on {printable(self.host)}"
+                               + (f", in {printable(self.cwd)}" if self.cwd else "")))
+        return rows
+
+    def _cell_text(self) -> str:
+        cell = self.cell
+        if not cell.running:
+            return "none was running"
+        number = f"[{cell.number}] " if cell.number is not None else ""
+        ran = f" (running for {fmt(self.last_seen - cell.started, 's')})" if cell.started == cell.started else ""
+        return f"{number}{printable(cell.label)}{ran}"
+
+    def timeline(self) -> str:
+        if len(self.records) < 2:
+            return ""
+        t0 = self.records[0][0]
+        t = [wall - t0 for wall, _ in self.records]
+        series = {}
+        for label, name in (("container", "cgroup_mem_used_mb"), ("tree", _tree_field(self.records)),
+                            ("CPU", "proc_cpu_percent"), ("GPU mem", "gpu_mem_used_mb")):
+            values = [values.get(name, math.nan) for _, values in self.records]
+            if name and any(v == v for v in values):
+                series[label] = (values, catalog.unit_of(name))
+        return svg_timeline(t, series)
+
+    def _repr_html_(self) -> str:
+        return html_table(self.title(), self.rows(), status="failed", extra=self.timeline())
+
+    def __str__(self) -> str:
+        return "\n".join([self.title()] + [f"  {k}: {v}" for k, v in self.rows()])
+
+    def to_dict(self) -> dict:
+        """The figures as plain data (NaN as None)."""
+        out = {k: getattr(self, k) for k in ("pid", "notebook", "cwd", "host", "last_seen", "cause",
+                                              "oom_kills", "memory_used_mb", "memory_limit_mb", "memory_peak_mb",
+                                              "tree_memory_mb", "tree_memory_peak_mb", "cpu_percent",
+                                              "available_mb", "total_mb", "gpu_memory_mb")}
+        out = {k: (None if isinstance(v, float) and v != v else v) for k, v in out.items()}
+        out["cause_text"] = self.cause_text()
+        out["cell"] = {"number": self.cell.number, "label": self.cell.label, "running": self.cell.running,
+                       "started": None if self.cell.started != self.cell.started else self.cell.started}
+        return out
+
+
+def _tree_field(records) -> str:
+    names = records[-1][1] if records else {}
+    return next((n for n in names if (m := catalog.BY_NAME.get(n)) is not None
+                 and m.source == catalog.TREE and m.unit == "MiB"), "")
+
+
+def _last(records, name: str) -> float:
+    for _, values in reversed(records):
+        v = values.get(name, math.nan)
+        if v == v:
+            return v
+    return math.nan
+
+
+def _peak(records, name: str) -> float:
+    values = [v for _, r in records if (v := r.get(name, math.nan)) == v]
+    return max(values) if values else math.nan
+
+
+def _oom_kills_since(box: Box, records) -> float:
+    """OOM kills in the box's cgroup after its last record (NaN: cannot tell)."""
+    before = _last(records, "cgroup_oom_kills")
+    dirs = box.header["cgroup"]
+    if before != before or not dirs.get("memory") or not os.path.isabs(dirs["memory"]) \
+            or ".." in dirs["memory"].split("/"):
+        return math.nan
+    source = Cgroup(dirs=dirs)
+    source.start(0.0)
+    now = source.sample(0.0)["cgroup_oom_kills"]
+    return now - before if now == now else math.nan
+
+
+def death_of(box: Box) -> Death:
+    """The post-mortem of a dead kernel's ``box``."""
+    records = tuple((r.wall, r.values) for r in box.records)
+    h = box.header
+    kills = _oom_kills_since(box, records)
+    if h["boot"] != boot_id():
+        cause = HOST_RESTART
+    elif kills == kills and kills > 0:
+        cause = OOM
+    else:
+        cause = UNKNOWN
+    tree = _tree_field(records)
+    return Death(
+        pid=h["pid"], notebook=h["notebook"], cwd=h["cwd"], host=h["host"],
+        last_seen=records[-1][0] if records else h["created"], cell=box.cell, cause=cause, oom_kills=kills,
+        memory_used_mb=_last(records, "cgroup_mem_used_mb"), memory_limit_mb=_last(records, "cgroup_mem_limit_mb"),
+        memory_peak_mb=_peak(records, "cgroup_mem_used_mb"),
+        tree_memory_mb=_last(records, tree) if tree else math.nan,
+        tree_memory_peak_mb=_peak(records, tree) if tree else math.nan,
+        cpu_percent=_last(records, "proc_cpu_percent"), available_mb=_last(records, "sys_mem_available_mb"),
+        total_mb=_last(records, "sys_mem_total_mb"), gpu_memory_mb=_last(records, "gpu_mem_used_mb"),
+        records=records, path=box.path)
+
+
+# -- the directory ---------------------------------------------------------------------
+
+
+@dataclass
+class Scan:
+    """What the box directory holds: ``dead`` (Box, seen) newest first,
+    ``live`` boxes, ``skipped`` [(path, why)], and ``problem``: why the
+    directory itself could not be read ('' when it could)."""
+
+    directory: str = ""
+    dead: list = field(default_factory=list)
+    live: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    problem: str = ""
+
+
+def _state(box: Box) -> str:
+    h = box.header
+    if h["boot"] != boot_id():
+        return "dead"
+    if h["pid_ns"] != pid_namespace():
+        return "elsewhere"
+    return "live" if alive(h["pid"], h["started"]) else "dead"
+
+
+def scan() -> Scan:
+    """Read every box in the directory (never raises)."""
+    found = Scan()
+    try:
+        found.directory = box_dir()
+        names = sorted(os.listdir(found.directory))[:MAX_ENTRIES]
+    except OSError as err:
+        found.problem = f"the black boxes' directory cannot be used: {err}"
+        return found
+    for name in names:
+        path = os.path.join(found.directory, name)
+        if not _NAME.fullmatch(name):
+            found.skipped.append((path, "not a black box's name"))
+            continue
+        try:
+            box = read_box(path)
+        except (BadBox, OSError) as err:
+            found.skipped.append((path, str(err) or type(err).__name__))
+            continue
+        state = _state(box)
+        if state == "live":
+            found.live.append(box)
+        elif state == "dead":
+            found.dead.append((box, name.endswith(SEEN)))
+        else:
+            found.skipped.append((path, "a kernel in another pid namespace (container): whether it lives "
+                                        "cannot be told from here"))
+    found.dead.sort(key=lambda entry: _last_seen(entry[0]), reverse=True)
+    return found
+
+
+def _last_seen(box: Box) -> float:
+    return box.records[-1].wall if box.records else box.header["created"]
+
+
+def _ours(box: Box, notebook: str) -> bool:
+    return box.header["notebook"] == notebook
+
+
+def claim(notebook: str | None = None) -> tuple[Death | None, str]:
+    """The newest death of this notebook's kernels not shown before (marked
+    shown now), and a problem to tell ('' if none); sweeps old boxes."""
+    notebook = notebook_name() if notebook is None else notebook
+    found = scan()
+    newest = None
+    for box, seen in found.dead:
+        if seen or not _ours(box, notebook):
+            continue
+        seen_path = box.path[:-len(SUFFIX)] + SEEN
+        try:
+            os.rename(box.path, seen_path)  # atomic: of two kernels starting at once, one shows it
+        except OSError:
+            continue
+        if newest is None:
+            newest = death_of(Box(seen_path, box.header, box.cell, box.records, box.damaged))
+    sweep(found)
+    return newest, found.problem
+
+
+def last_death(notebook: str | None = None) -> Death | None:
+    """The post-mortem of the last kernel of this notebook (``JPY_SESSION_NAME``,
+    or of kernels outside a notebook server without it) that died while
+    nbmon watched it; None if none did (in the last :data:`KEEP_S` seconds)."""
+    notebook = notebook_name() if notebook is None else notebook
+    for box, _seen in scan().dead:
+        if _ours(box, notebook):
+            return death_of(box)
+    return None
+
+
+def deaths() -> tuple[list[Death], Scan]:
+    """Every death the directory holds, newest first, and the scan."""
+    found = scan()
+    return [death_of(box) for box, _ in found.dead], found
+
+
+def sweep(found: Scan, now: float | None = None) -> list[str]:
+    """Remove the boxes of the dead older than KEEP_S or beyond the newest
+    KEEP_DEAD, and this user's own regular files among the skipped ones older
+    than KEEP_S; returns the paths removed."""
+    now = time.time() if now is None else now
+    old = [box.path for k, (box, _) in enumerate(found.dead) if k >= KEEP_DEAD or now - _last_seen(box) > KEEP_S]
+    for path, _why in found.skipped:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and now - st.st_mtime > KEEP_S:
+            old.append(path)
+    removed = []
+    for path in old:
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed

@@ -1,0 +1,445 @@
+"""The black box and the memory warning, piece by piece, on real files, real
+processes and real cgroups: what a box keeps, what a dead kernel leaves,
+bad boxes (truncated, garbage, damaged, links, a FIFO, another user's file,
+a box from another pid namespace or boot) skipped with a reason and never
+raised, the sweep, the warning's threshold and hysteresis against the
+cgroup's own figures, the machine fallback, and the meter's mark."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from IPython.utils.capture import capture_output
+
+from helpers import RecordingComm, wait_until
+from multiuser import other_user, shared_dir  # noqa: F401 - fixtures
+from nbmon import blackbox, postmortem
+from nbmon.engine import Monitor
+from nbmon.memwarn import MemoryWatch
+from nbmon.notebook.meter import Meter, MeterFeed
+from nbmon.options import Options
+from test_cgroup import make_v1, remove
+
+MIB = 1 << 20
+
+# A kernel stand-in: the notebook's session monitor (with its black box) in a
+# process of its own, running cell 3 "chunks = []", which holds ``HOLD`` MiB
+# for a moment in its first second, then waits to be killed.
+KERNEL = """
+    import sys, time
+    from nbmon.notebook.session import SESSION
+    from nbmon.notebook.kernel_watch import WATCH
+    SESSION.ensure_monitor()
+    WATCH.cell.started(3, 'chunks = []')
+    held = b'x' * ({hold} << 20)
+    time.sleep(0.4)
+    del held
+    print('ready', flush=True)
+    time.sleep(120)
+"""
+HOLD = 300
+
+
+@pytest.fixture
+def boxes(tmp_path, monkeypatch) -> Path:
+    """This test's own private directory (XDG_RUNTIME_DIR), inherited by the
+    processes it starts; the boxes go to the returned directory."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    return runtime / "nbmon" / "boxes"
+
+
+def dead_kernel(boxes: Path) -> Path:
+    """Run the kernel stand-in, SIGKILL it once its box has three records; its box."""
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(KERNEL.format(hold=HOLD))],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        path = wait_until(lambda: next((boxes / n for n in os.listdir(boxes)
+                                        if n.startswith(f"{proc.pid}-")), None), what="the box")
+        wait_until(lambda: len(blackbox.read_box(str(path)).records) >= 3, what="three records")
+    finally:
+        proc.kill()
+        proc.wait(30)
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    return path
+
+
+def test_a_dead_kernels_box_has_its_cell_and_its_peak(boxes):
+    path = dead_kernel(boxes)
+    assert path.stat().st_size == blackbox.box_size(len(blackbox.FIELDS)) < 8192
+    assert (path.stat().st_mode & 0o777) == 0o600
+    box = blackbox.read_box(str(path))
+    assert box.cell.number == 3 and box.cell.label == "chunks = []" and box.cell.running
+    assert box.damaged == 0 and 3 <= len(box.records) <= blackbox.SLOTS
+    tree = blackbox.FIELDS[0][0]
+    # The 0.4 s it held HOLD MiB is in the record of its second, the highest of it.
+    assert max(r.values[tree] for r in box.records) >= HOLD
+    assert box.records[-1].values[tree] < HOLD / 2
+    (death, problem), again = postmortem.claim(""), postmortem.claim("")
+    assert problem == "" and again == (None, "")
+    assert death.cause == postmortem.UNKNOWN and death.cell.number == 3
+    assert death.tree_memory_peak_mb >= HOLD and death.pid == box.header["pid"]
+    assert os.listdir(boxes) == [path.name.replace(".box", ".seen")]
+    assert postmortem.last_death("").pid == death.pid
+    assert postmortem.last_death("another.ipynb") is None
+
+
+def test_a_monitor_that_stops_removes_its_box(boxes):
+    from nbmon.notebook.kernel_watch import WATCH
+
+    monitor = Monitor(interval=0.05, gpu=False)
+    WATCH.attach(monitor)
+    with monitor:
+        wait_until(lambda: boxes.is_dir() and len(os.listdir(boxes)) == 1, what="the box")
+        (name,) = os.listdir(boxes)
+        assert name.startswith(f"{os.getpid()}-")
+        # A live kernel's box is never a death.
+        found = postmortem.scan()
+        assert [b.header["pid"] for b in found.live] == [os.getpid()] and found.dead == []
+    assert os.listdir(boxes) == []
+    assert monitor.faults == {}
+
+
+def _image(boxes: Path) -> bytes:
+    return dead_kernel(boxes).read_bytes()
+
+
+def _with_header(image: bytes, **changes) -> bytes:
+    box = blackbox.decode(image)
+    return blackbox.encode_header({**box.header, **changes}) + image[blackbox.HEADER_SIZE:]
+
+
+def test_bad_boxes_are_skipped_with_a_reason_never_raised(boxes, tmp_path, other_user, shared_dir):
+    image = _image(boxes)
+    for name in os.listdir(boxes):
+        os.unlink(boxes / name)
+    real = boxes / "1-1-00000000.box"
+    real.write_bytes(image)
+    real.chmod(0o600)
+    planted = {}
+
+    def plant(name: str, data: bytes, mode: int = 0o600) -> Path:
+        path = boxes / name
+        path.write_bytes(data)
+        path.chmod(mode)
+        planted[name] = path
+        return path
+
+    size = len(image)
+    plant("2-2-00000000.box", image[:size // 2])                           # truncated
+    plant("3-3-00000000.box", os.urandom(size))                            # garbage
+    damaged = bytearray(image)
+    damaged[40] ^= 0xFF
+    plant("4-4-00000000.box", bytes(damaged))                              # its header's checksum
+    plant("5-5-00000000.box", image, mode=0o644)                           # readable by others
+    plant("6-6-00000000.box", _with_header(image, version=99))             # another version
+    plant("7-7-00000000.box", _with_header(image, pid_ns="pid:[1]"))       # another pid namespace
+    plant("8-8-00000000.box", b"\0" * (1 << 20))                           # big and empty
+    outside = tmp_path / "elsewhere.box"
+    outside.write_bytes(image)
+    outside.chmod(0o600)
+    os.symlink(outside, boxes / "9-9-00000000.box")                        # a symlink
+    os.link(outside, boxes / "10-10-00000000.box")                         # a hard link
+    os.mkfifo(boxes / "11-11-00000000.box", 0o600)                         # a FIFO (no writer: no hang)
+    (boxes / "12-12-00000000.box").mkdir()                                 # a directory
+    plant("notes.txt", b"hello")                                           # not a box's name
+    # Another user's file: written by a real second user, moved in by root (who else could).
+    other_user.python(f"import sys; open(sys.argv[1], 'wb').write(bytes.fromhex({image.hex()!r}))",
+                      f"{shared_dir}/theirs.box")
+    os.chmod(f"{shared_dir}/theirs.box", 0o600)
+    os.rename(f"{shared_dir}/theirs.box", boxes / "13-13-00000000.box")
+    before = {name: (os.lstat(boxes / name).st_mtime_ns, os.lstat(boxes / name).st_size)
+              for name in os.listdir(boxes)}
+
+    found = postmortem.scan()
+    reasons = {os.path.basename(path): why for path, why in found.skipped}
+    assert found.problem == "" and [box.path for box, _ in found.dead] == [str(real)]
+    expected = {"2-2-00000000.box": "truncated", "3-3-00000000.box": "not a black box",
+                "4-4-00000000.box": "checksum", "5-5-00000000.box": "open to other users",
+                "6-6-00000000.box": "another version of nbmon", "7-7-00000000.box": "another pid namespace",
+                "8-8-00000000.box": "not a black box", "9-9-00000000.box": "symbolic links",
+                "10-10-00000000.box": "2 links", "11-11-00000000.box": "not a regular file",
+                "12-12-00000000.box": "not a regular file", "notes.txt": "not a black box's name",
+                "13-13-00000000.box": f"belongs to uid {other_user.uid}"}
+    assert set(reasons) == set(expected)
+    for name, why in expected.items():
+        assert why in reasons[name], (name, reasons[name])
+
+    cli = subprocess.run([sys.executable, "-m", "nbmon.cli", "postmortem"], capture_output=True, text=True,
+                         timeout=60)
+    assert cli.returncode == 0 and "a kernel of yours died" in cli.stdout
+    for name in expected:
+        assert f"skipped {boxes / name}: " in cli.stderr, name
+
+    death, problem = postmortem.claim("")
+    assert problem == "" and death is not None and death.path == str(boxes / "1-1-00000000.seen")
+    # Nothing was changed, followed or removed but the real box's mark.
+    after = {name: (os.lstat(boxes / name).st_mtime_ns, os.lstat(boxes / name).st_size)
+             for name in os.listdir(boxes) if name != "1-1-00000000.seen"}
+    assert after == {k: v for k, v in before.items() if k != "1-1-00000000.box"}
+    assert outside.read_bytes() == image
+
+
+def test_a_damaged_record_loses_that_record_only(boxes):
+    image = bytearray(_image(boxes))
+    box = blackbox.decode(bytes(image))
+    layout = blackbox.record_struct(len(box.header["fields"]))
+    slot = box.records[0].seq % blackbox.SLOTS
+    image[blackbox.HEADER_SIZE + blackbox.CELL_SIZE + slot * layout.size + 30] ^= 0xFF
+    again = blackbox.decode(bytes(image))
+    assert again.damaged == 1 and [r.seq for r in again.records] == [r.seq for r in box.records[1:]]
+    assert again.cell == box.cell
+
+
+def test_a_box_from_before_the_last_boot_is_a_host_restart(boxes):
+    path = dead_kernel(boxes)
+    path.write_bytes(_with_header(path.read_bytes(), boot="a-boot-before-this-one"))
+    death, _ = postmortem.claim("")
+    assert death.cause == postmortem.HOST_RESTART
+
+
+def test_a_live_process_is_never_dead_even_with_its_pid_reused(boxes):
+    image = _image(boxes)
+    for name in os.listdir(boxes):
+        os.unlink(boxes / name)
+    me = blackbox.pid_started(os.getpid())
+    for name, started in (("live.box", me), ("reused.box", me + 1)):
+        name = f"{os.getpid()}-{started}-00000000.box"
+        (boxes / name).write_bytes(_with_header(image, pid=os.getpid(), started=started))
+        (boxes / name).chmod(0o600)
+    found = postmortem.scan()
+    assert [b.header["started"] for b in found.live] == [me]
+    assert [b.header["started"] for b, _ in found.dead] == [me + 1]
+
+
+def test_the_sweep_keeps_a_week_and_at_most_16_dead_and_never_the_living(boxes, other_user, shared_dir):
+    image = _image(boxes)
+    for name in os.listdir(boxes):
+        os.unlink(boxes / name)
+    last = blackbox.decode(image).records[-1].wall
+    for k in range(postmortem.KEEP_DEAD + 2):    # 18 dead kernels
+        path = boxes / f"{100 + k}-{k}-00000000.box"
+        path.write_bytes(_with_header(image, pid=100000 + k, started=k))
+        path.chmod(0o600)
+    live = boxes / f"{os.getpid()}-{blackbox.pid_started(os.getpid())}-00000000.box"
+    live.write_bytes(_with_header(image, pid=os.getpid(), started=blackbox.pid_started(os.getpid())))
+    live.chmod(0o600)
+    junk = boxes / "junk.box"
+    junk.write_bytes(b"old junk")
+    os.utime(junk, (time.time() - 8 * 86400,) * 2)
+    other_user.python("import sys; open(sys.argv[1], 'wb').write(b'theirs')", f"{shared_dir}/x.box")
+    os.utime(f"{shared_dir}/x.box", (time.time() - 8 * 86400,) * 2)
+    os.rename(f"{shared_dir}/x.box", boxes / "theirs.box")
+
+    found = postmortem.scan()
+    assert len(found.dead) == postmortem.KEEP_DEAD + 2
+    removed = postmortem.sweep(found, now=last + 60)
+    # All dead boxes have the same last record: the 2 beyond the 16 kept go, and the old junk.
+    assert len(removed) == 3 and str(junk) in removed
+    left = os.listdir(boxes)
+    assert live.name in left and "theirs.box" in left and len(left) == postmortem.KEEP_DEAD + 2
+    # A week after the last record every dead box goes; the living one and another user's file stay.
+    postmortem.sweep(postmortem.scan(), now=last + postmortem.KEEP_S + 60)
+    assert sorted(os.listdir(boxes)) == sorted([live.name, "theirs.box"])
+
+
+def test_an_unsafe_directory_is_one_sentence(boxes, tmp_path):
+    boxes.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    os.symlink(elsewhere, boxes)
+    death, problem = postmortem.claim("")
+    assert death is None and "symbolic link" in problem
+    cli = subprocess.run([sys.executable, "-m", "nbmon.cli", "postmortem"], capture_output=True, text=True,
+                         timeout=60)
+    assert cli.returncode == 1 and cli.stdout == ""
+    assert cli.stderr.count("\n") == 1 and "symbolic link" in cli.stderr
+    # A monitor runs on without a box: one fault, said in %resmon status.
+    from nbmon.notebook.kernel_watch import WATCH
+
+    monitor = Monitor(interval=0.05, gpu=False)
+    WATCH.attach(monitor)
+    with monitor:
+        wait_until(lambda: "BlackBox" in monitor.faults, what="the box's fault")
+        time.sleep(0.6)
+    fault = monitor.faults["BlackBox"]
+    assert fault.count == 1 and "symbolic link" in fault.first_error
+    assert os.listdir(elsewhere) == []
+
+
+def test_load_ext_shows_the_death_once_and_never_raises_on_bad_boxes(boxes, ipython):
+    dead_kernel(boxes)
+    (boxes / "3-3-00000000.box").write_bytes(os.urandom(4000))
+    (boxes / "3-3-00000000.box").chmod(0o600)
+    from nbmon.notebook import magics
+
+    saved = list(ipython.display_formatter.active_types)
+    ipython.display_formatter.active_types = list(ipython.display_formatter.format_types)  # as in a kernel
+    shown = []
+    try:
+        for _ in range(2):
+            with capture_output() as cap:
+                ipython.run_line_magic("load_ext", "nbmon")
+            shown.append([o.data["text/html"] for o in cap.outputs if " died" in o.data.get("text/html", "")])
+            with capture_output():
+                ipython.run_line_magic("unload_ext", "nbmon")
+            wait_until(lambda: "nbmon-warmup" not in {t.name for t in threading.enumerate()},
+                       timeout=60, what="the warm-up")
+    finally:
+        ipython.display_formatter.active_types = saved
+    assert len(shown[0]) == 1 and "chunks = []" in shown[0][0] and shown[1] == []
+    assert id(ipython) not in magics._loaded
+
+
+# -- the warning ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def gigabyte():
+    """A process in a cgroup limited to 1 GiB; it runs what the test writes to its stdin."""
+    group = make_v1("memory", {"memory.limit_in_bytes": str(1024 * MIB), "memory.swappiness": "0"})
+    shell = subprocess.Popen([sys.executable, "-u", "-c", "import sys\nchunks = []\nfor line in sys.stdin: exec(line)"],
+                             stdin=subprocess.PIPE, text=True)
+    with open(os.path.join(group, "cgroup.procs"), "w") as f:
+        f.write(str(shell.pid))
+    yield shell, group
+    shell.stdin.close()
+    shell.wait(30)
+    remove(group)
+
+
+def working_set_percent(group: str) -> float:
+    """The group's usage less its inactive page cache, in % of its limit, read by the test."""
+    def read(name):
+        with open(os.path.join(group, name)) as f:
+            return f.read()
+    usage = int(read("memory.usage_in_bytes"))
+    stat = dict(line.split() for line in read("memory.stat").splitlines())
+    return 100.0 * (usage - int(stat["total_inactive_file"])) / int(read("memory.limit_in_bytes"))
+
+
+def test_the_warning_holds_its_threshold_hysteresis_and_one_line_per_cell(gigabyte):
+    shell, group = gigabyte
+
+    def hold(percent: float) -> None:
+        """Bring the group to ``percent`` of its limit (± 1.5), 10 MiB (1 point) at a
+        time, steered by the group's own figure: never across the other line."""
+        def step():
+            now = working_set_percent(group)
+            if abs(now - percent) <= 1.5:
+                return True
+            shell.stdin.write("chunks.append(b'x' * (10 << 20))\n" if now < percent else "chunks.pop()\n")
+            shell.stdin.flush()
+            time.sleep(0.02)
+            return False
+
+        wait_until(step, what=lambda: f"the group at {percent} % (it is at {working_set_percent(group):.1f} %)")
+
+    said, cell = [], [1]
+    watch = MemoryWatch(shell.pid, 60.0, say=said.append, running_cell=lambda: cell[0])
+    store = None   # with a limit, only the container is read
+
+    def check(times: int = 3) -> None:
+        for _ in range(times):
+            watch.consume(store, False)
+
+    check()
+    assert said == [] and watch.warning is None and watch.level.kind == "container"
+    hold(70)
+    check()
+    assert len(said) == 1
+    percent = float(said[0].split(" at ", 1)[1].split(" %", 1)[0])
+    assert abs(percent - working_set_percent(group)) < 2.5 and "of its 1.0 GiB memory limit" in said[0]
+    hold(57.5)            # below the threshold, above its re-arm line: the same crossing
+    check()
+    assert watch.warning is not None
+    hold(70)
+    check()
+    assert len(said) == 1 and len(watch.crossings) == 1
+    hold(40)              # the crossing ends
+    check()
+    assert watch.warning is None
+    hold(70)              # a new crossing, in the same cell: not told again there
+    check()
+    assert len(said) == 1 and len(watch.crossings) == 2 and watch.warning is not None
+    cell[0] = 2           # ... but in the next cell that runs while it lasts
+    check()
+    assert len(said) == 2
+    cell[0] = None        # between cells: nobody to tell
+    hold(40)
+    check()
+    hold(70)
+    check()
+    assert len(said) == 2
+    cell[0] = 3
+    check()
+    assert len(said) == 3
+
+
+def meminfo_used_percent() -> float:
+    info = {line.split(":")[0]: int(line.split()[1]) for line in open("/proc/meminfo")}
+    return 100.0 * (1 - info["MemAvailable"] / info["MemTotal"])
+
+
+def test_without_a_limit_the_machine_counts_and_the_meter_marks_it():
+    group = make_v1("memory", {})     # a cgroup with no limit
+    shell = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(shell.pid))
+        used = meminfo_used_percent()
+        said = []
+        watch = MemoryWatch(shell.pid, max(0.5, used / 2), say=said.append, running_cell=lambda: 1)
+        with Monitor(shell.pid, interval=0.05, gpu=False, consumers=[watch]) as monitor:
+            wait_until(lambda: said, what="the machine's warning")
+            assert watch.warning.kind == "machine"
+            assert abs(watch.warning.percent - meminfo_used_percent()) < 2
+            assert said[0].startswith("nbmon: this machine's memory is ") and len(said) == 1
+            comm = RecordingComm(target_name="jupyter.widget")
+            meter = Meter(comm=comm)
+            feed = MeterFeed(meter, monitor, hz=20.0)
+            try:
+                wait_until(lambda: meter.memory_alert == "machine", what="the meter's mark")
+            finally:
+                feed.finish("done")
+                meter.close()
+            (sent,) = [u for u in comm.updates() if u.get("memory_alert")][:1]
+            assert sent["memory_alert"] == "machine" and abs(sent["memory_alert_percent"] - watch.warning.percent) < 2
+    finally:
+        shell.kill()
+        shell.wait(30)
+        remove(group)
+
+
+@pytest.mark.parametrize("bad", [0, 100, -5, 150, math.nan, "90", True])
+def test_the_threshold_option_is_checked(bad):
+    with pytest.raises(ValueError, match=r"memory_warning_percent must be a percentage between 0 and 100 "
+                                         r"\(None: no warning\), got "):
+        Options(memory_warning_percent=bad)
+    assert Options(memory_warning_percent=None).memory_warning_percent is None
+    assert Options().memory_warning_percent == 90.0
+
+
+def test_no_threshold_no_warning(gigabyte):
+    shell, group = gigabyte
+    said = []
+    watch = MemoryWatch(shell.pid, None, say=said.append, running_cell=lambda: 1)
+    shell.stdin.write("chunks.append(b'x' * (900 << 20))\n")
+    shell.stdin.flush()
+    wait_until(lambda: working_set_percent(group) > 80, what="the group above 80 %")
+    watch.consume(None, False)
+    assert said == [] and watch.warning is None and watch.level.percent > 80
+    assert json.dumps(watch.container)  # plain numbers for the box

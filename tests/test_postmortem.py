@@ -1,0 +1,251 @@
+"""Why did my kernel die? Real kernels (ipykernel, driven by nbclient) with
+nbmon loaded: one in a real memory cgroup allocating until the OOM killer
+kills it, one killed by SIGKILL, one shut down normally, two at once. The
+truth comes from outside nbmon: the limit the test sets, the cgroup's own
+OOM-kill counter, the kernel's exit status, the prompt numbers the kernel
+gave, the box directory as listed by the test."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+from nbformat.v4 import new_code_cell, new_notebook
+
+from helpers import wait_until
+from test_cgroup import make_v1, remove
+
+MIB = 1 << 20
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+LIMIT_MB = 450
+WARNING = re.compile(r"nbmon: this kernel's container is at (\d+(?:\.\d+)?) % of its (.+?) memory limit \((.+?)\); "
+                     r"at the limit the kernel is killed")
+# Grows by 2 MiB every 25 ms (~80 MiB/s, a quick data loader): slow enough that the
+# last tenth of the limit lasts several of the warning's checks (0.25 s apart).
+FILL = ("%%resmon --label fill\n"
+        "import time\n"
+        "chunks = []\n"
+        "while True:\n"
+        "    chunks.append(b'x' * (2 << 20))\n"
+        "    time.sleep(0.025)")
+
+
+@pytest.fixture
+def private_dir(tmp_path, monkeypatch):
+    """A private runtime directory of the test's own (the kernels inherit it):
+    nbmon's boxes go to <it>/nbmon/boxes."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    return runtime / "nbmon" / "boxes"
+
+
+def boxes(directory: Path) -> dict[str, int]:
+    """{file name: pid} of the box directory, as listed (not as nbmon says)."""
+    if not directory.is_dir():
+        return {}
+    return {name: int(name.split("-", 1)[0]) for name in os.listdir(directory)}
+
+
+class Kernel:
+    """A real kernel for ``notebook`` (JPY_SESSION_NAME, as the Jupyter server
+    sets it), started by nbclient; ``run(source)`` executes one cell and
+    returns it with its outputs; a kernel that dies mid-cell raises
+    DeadKernelError there and keeps the outputs it sent."""
+
+    def __init__(self, notebook: str, kernel_name: str = "python3"):
+        self.nb = new_notebook(metadata={"kernelspec": KERNELSPEC})
+        self.client = NotebookClient(self.nb, timeout=180, kernel_name=kernel_name, allow_errors=False)
+        self.env = {**os.environ, "JPY_SESSION_NAME": notebook}
+        self.process = self.pid = None
+
+    def __enter__(self) -> "Kernel":
+        self._setup = self.client.setup_kernel(env=self.env)
+        self._setup.__enter__()
+        self.process = self.client.km.provisioner.process
+        self.pid = self.process.pid
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._setup.__exit__(*exc)
+
+    def run(self, source: str):
+        cell = new_code_cell(source)
+        self.nb.cells.append(cell)
+        self.client.execute_cell(cell, len(self.nb.cells) - 1)
+        return cell
+
+
+def stderr_of(cell) -> str:
+    return "".join(o["text"] for o in cell.outputs if o["output_type"] == "stream" and o["name"] == "stderr")
+
+
+def stdout_of(cell) -> str:
+    return "".join(o["text"] for o in cell.outputs if o["output_type"] == "stream" and o["name"] == "stdout")
+
+
+def html_of(cell) -> list[str]:
+    return [o["data"]["text/html"] for o in cell.outputs if "text/html" in o.get("data", {})]
+
+
+def postmortems(cell) -> list[str]:
+    return [h for h in html_of(cell) if " died" in h and "nbmon-summary" in h]
+
+
+def last_death(kernel: Kernel) -> dict | None:
+    out = stdout_of(kernel.run("import json, nbmon\n"
+                               "d = nbmon.last_death()\n"
+                               "print(json.dumps(d and d.to_dict()))"))
+    return json.loads(out)
+
+
+def kill_when(path: Path, pid: int) -> threading.Thread:
+    """SIGKILL ``pid`` once ``path`` exists (the cell writes it when it is well under way)."""
+    def watch():
+        deadline = time.monotonic() + 120
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def limited_kernelspec(tmp_path, monkeypatch):
+    """A kernel spec whose kernel runs in its own memory cgroup (cgroup v1,
+    limited to LIMIT_MB, no swap): as a kernel in a container does. Yields
+    (kernel name, cgroup directory)."""
+    group = make_v1("memory", {"memory.limit_in_bytes": str(LIMIT_MB * MIB), "memory.swappiness": "0"})
+    spec = tmp_path / "jupyter" / "kernels" / "limited"
+    spec.mkdir(parents=True)
+    # The shell moves itself into the group, then becomes the kernel (same pid).
+    launch = 'echo $$ > "$1/cgroup.procs" && exec "$2" -m ipykernel_launcher -f "$0"'
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": ["/bin/sh", "-c", launch, "{connection_file}", group, sys.executable],
+        "display_name": "limited", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    yield "limited", group
+    remove(group)
+
+
+def oom_kills(group: str) -> int:
+    with open(os.path.join(group, "memory.oom_control")) as f:
+        return int(dict(line.split() for line in f)["oom_kill"])
+
+
+def test_oom_kill_warned_before_and_told_after(private_dir, limited_kernelspec, tmp_path):
+    kernel_name, group = limited_kernelspec
+    notebook = str(tmp_path / "train.ipynb")
+    with Kernel(notebook, kernel_name) as first:
+        first.run("%load_ext nbmon")
+        with pytest.raises(DeadKernelError):
+            fill = first.run(FILL)
+        fill = first.nb.cells[-1]
+        status = first.process.wait(30)
+    # What killed it, from outside nbmon: the cgroup's own counter and the exit status.
+    assert oom_kills(group) >= 1 and status == -signal.SIGKILL
+    # The warning line came in the cell's output before the kill: once, with the limit set.
+    warnings = WARNING.findall(stderr_of(fill))
+    assert len(warnings) == 1, fill.outputs
+    percent, limit, _used = warnings[0]
+    assert 90 <= float(percent) < 100 and limit == f"{LIMIT_MB} MiB"
+    number = fill.execution_count
+    assert isinstance(number, int) and number >= 2
+
+    with Kernel(notebook) as second:
+        load = second.run("%load_ext nbmon")
+        (record,) = postmortems(load)
+        assert f"killed by the container&#x27;s OOM killer at" in record
+        assert f"of its {LIMIT_MB} MiB memory limit" in record
+        assert f"[{number}] %%resmon --label fill" in record
+        death = last_death(second)
+    assert death["cause"] == "oom" and death["oom_kills"] >= 1
+    assert death["memory_limit_mb"] == LIMIT_MB
+    assert death["memory_peak_mb"] >= 0.85 * LIMIT_MB, death
+    assert death["cell"]["number"] == number and death["cell"]["running"]
+    assert death["notebook"] == notebook
+
+    # Shown once; still there as data.
+    with Kernel(notebook) as third:
+        assert postmortems(third.run("%load_ext nbmon")) == []
+        assert last_death(third)["cause"] == "oom"
+
+
+WAIT_THEN_SIGNAL = ("import pathlib, time\n"
+                    "time.sleep(1.5)\n"
+                    "pathlib.Path({flag!r}).write_text('')\n"
+                    "time.sleep(120)")
+
+
+def test_sigkill_is_no_oom(private_dir, tmp_path):
+    notebook = "analysis.ipynb"
+    flag = tmp_path / "running"
+    with Kernel(notebook) as first:
+        first.run("%load_ext nbmon")
+        first.run("%resmon auto on")
+        kill_when(flag, first.pid)
+        with pytest.raises(DeadKernelError):
+            first.run(WAIT_THEN_SIGNAL.format(flag=str(flag)))
+        number = first.nb.cells[-1].execution_count
+        assert first.process.wait(30) == -signal.SIGKILL
+    with Kernel(notebook) as second:
+        (record,) = postmortems(second.run("%load_ext nbmon"))
+        assert "stopped without exiting normally" in record and "OOM killer" not in record
+        assert f"[{number}] import pathlib, time" in record
+        death = last_death(second)
+    assert death["cause"] == "unknown" and death["oom_kills"] == 0
+    assert death["cell"]["number"] == number and death["pid"] == first.pid
+
+
+def test_normal_shutdown_leaves_no_box_and_no_postmortem(private_dir):
+    notebook = "clean.ipynb"
+    with Kernel(notebook) as first:
+        first.run("%load_ext nbmon")
+        first.run("%resmon auto on")
+        first.run("x = sum(range(10**6))")
+        # While it watches, the kernel has its box.
+        wait_until(lambda: first.pid in boxes(private_dir).values(), what="the kernel's black box")
+    assert first.process.wait(30) == 0   # it exited of its own accord
+    assert first.pid not in boxes(private_dir).values()
+    with Kernel(notebook) as second:
+        assert postmortems(second.run("%load_ext nbmon")) == []
+        assert last_death(second) is None
+
+
+def test_two_kernels_at_once_each_their_own_box(private_dir, tmp_path):
+    flag = tmp_path / "a-running"
+    with Kernel("a.ipynb") as a, Kernel("b.ipynb") as b:
+        for kernel in (a, b):
+            kernel.run("%load_ext nbmon")
+            kernel.run("%resmon auto on")
+        wait_until(lambda: {a.pid, b.pid} <= set(boxes(private_dir).values()), what="a box for each kernel")
+        assert len(boxes(private_dir)) == 2
+        kill_when(flag, a.pid)
+        with pytest.raises(DeadKernelError):
+            a.run(WAIT_THEN_SIGNAL.format(flag=str(flag)))
+        a.process.wait(30)
+        # b lives: a new kernel of b's notebook has nothing to say, and b is never listed dead.
+        with Kernel("b.ipynb") as b2:
+            assert postmortems(b2.run("%load_ext nbmon")) == []
+            assert last_death(b2) is None
+        listed = subprocess.run([sys.executable, "-m", "nbmon.cli", "postmortem"], capture_output=True,
+                                text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert f"pid {a.pid} " in listed.stdout and f"pid {b.pid} " not in listed.stdout, listed.stdout
+        assert b.pid in boxes(private_dir).values()
+        with Kernel("a.ipynb") as a2:
+            (record,) = postmortems(a2.run("%load_ext nbmon"))
+            assert f"pid {a.pid} " in record and "a.ipynb" in record
+    assert b.pid not in boxes(private_dir).values()  # b shut down normally: its box went with it
