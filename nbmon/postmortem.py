@@ -91,7 +91,7 @@ class Death:
         return "the kernel stopped without exiting normally (killed by a signal, a crash, or its host); no OOM kill"
 
     def title(self) -> str:
-        who = f"a kernel of {printable(self.notebook)}" if self.notebook else "a kernel of yours"
+        who = f"a kernel of {printable(os.path.basename(self.notebook))}" if self.notebook else "a kernel of yours"
         return f"nbmon · {who} died"
 
     def rows(self) -> list[tuple[str, str]]:
@@ -110,7 +110,9 @@ class Death:
         if self.gpu_memory_mb == self.gpu_memory_mb:
             rows.append(("GPU memory", fmt(self.gpu_memory_mb, "MiB")))
         rows.append(("Kernel", f"pid {self.pid} on {printable(self.host)}"
-                               + (f", in {printable(self.cwd)}" if self.cwd else "")))
+                               + (f", in {printable(self.cwd)}" if self.cwd and not self.notebook else "")))
+        if self.notebook:
+            rows.append(("Notebook", printable(self.notebook)))
         return rows
 
     def _cell_text(self) -> str:

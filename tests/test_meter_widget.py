@@ -20,7 +20,7 @@ from nbmon.notebook.meter import FIELDS, FLOAT_TRAITS, METRICS, SLOTS, STATUSES,
 
 REPO = Path(__file__).resolve().parents[1]
 
-METER_NAMES = ["proc_cpu_percent", "proc_rss_mb", "sys_mem_total_mb", "gpu_util_percent", "gpu_mem_used_mb"]
+METER_NAMES = ["proc_cpu_percent", "proc_pss_mb", "sys_mem_total_mb", "gpu_util_percent", "gpu_mem_used_mb"]
 EXPECTED_TRAITS = {
     "label": traitlets.Unicode,
     "status": traitlets.Unicode,
@@ -66,7 +66,7 @@ def test_readings_are_the_catalogs_meter_metrics():
         assert bar is None or isinstance(bar, float) or catalog.BY_NAME[bar].meter, field
     by_hook = {f["hook"]: f["name"] for f in FIELDS if f["hook"]}
     # the DOM hooks tests/test_browser.py and user CSS read
-    assert by_hook == {"cpu": "proc_cpu_percent", "ram": "proc_rss_mb", "gpu": "gpu_util_percent",
+    assert by_hook == {"cpu": "proc_cpu_percent", "ram": "proc_pss_mb", "gpu": "gpu_util_percent",
                        "gpu-mem": "gpu_mem_used_mb"}
     assert {f["group"] for f in FIELDS} == {"cpu", "ram", "gpu"}
 
@@ -105,14 +105,14 @@ class FakeMonitor:
 
 
 def test_feed_values_come_from_the_catalog():
-    sample = {"proc_cpu_percent": 12.5, "proc_rss_mb": 1536.0, "sys_mem_total_mb": 6144.0,
+    sample = {"proc_cpu_percent": 12.5, "proc_pss_mb": 1536.0, "sys_mem_total_mb": 6144.0,
               "gpu_util_percent": math.nan, "sys_cpu_percent": 99.0}
     meter = Meter()
     feed = MeterFeed(meter, FakeMonitor(sample), hz=1000.0)
     try:
         feed.monitor.now = 102.5
         values = feed.values()
-        assert values == {"elapsed_s": 2.5, "proc_cpu_percent": 12.5, "proc_rss_mb": 1536.0,
+        assert values == {"elapsed_s": 2.5, "proc_cpu_percent": 12.5, "proc_pss_mb": 1536.0,
                           "sys_mem_total_mb": 6144.0, "gpu_util_percent": values["gpu_util_percent"],
                           "gpu_mem_used_mb": None, "memory_alert": "", "memory_alert_percent": None,
                           "memory_alert_limit_mb": None}
@@ -122,7 +122,7 @@ def test_feed_values_come_from_the_catalog():
         feed.finish("done")
         meter.close()
     assert feed.errors == 0
-    assert (meter.status, meter.running, meter.proc_rss_mb, meter.gpu_util_percent) == ("done", False, 1536.0, None)
+    assert (meter.status, meter.running, meter.proc_pss_mb, meter.gpu_util_percent) == ("done", False, 1536.0, None)
 
 
 def test_esm_is_the_built_single_file_module():
@@ -157,10 +157,10 @@ def test_defaults_are_json_safe():
 def test_update_from_maps_nan_and_inf_to_none():
     meter = Meter()
     try:
-        meter.update_from({"proc_cpu_percent": 12.5, "proc_rss_mb": 100.0, "gpu_mem_used_mb": 3.0})
-        meter.update_from({"proc_cpu_percent": math.nan, "proc_rss_mb": np.float64("nan"), "gpu_mem_used_mb": math.inf})
+        meter.update_from({"proc_cpu_percent": 12.5, "proc_pss_mb": 100.0, "gpu_mem_used_mb": 3.0})
+        meter.update_from({"proc_cpu_percent": math.nan, "proc_pss_mb": np.float64("nan"), "gpu_mem_used_mb": math.inf})
         assert meter.proc_cpu_percent is None
-        assert meter.proc_rss_mb is None
+        assert meter.proc_pss_mb is None
         assert meter.gpu_mem_used_mb is None
         meter.update_from({"gpu_util_percent": None, "gpu_count": math.nan})
         assert meter.gpu_util_percent is None
@@ -186,13 +186,13 @@ def test_update_from_accepts_numpy_scalars():
         meter.update_from(
             {
                 "proc_cpu_percent": np.float32(3.5),
-                "proc_rss_mb": np.int64(512),
+                "proc_pss_mb": np.int64(512),
                 "gpu_count": np.int64(2),
                 "running": np.bool_(False),
             }
         )
         assert meter.proc_cpu_percent == 3.5 and type(meter.proc_cpu_percent) is float
-        assert meter.proc_rss_mb == 512.0
+        assert meter.proc_pss_mb == 512.0
         assert meter.gpu_count == 2 and type(meter.gpu_count) is int
         assert meter.running is False
     finally:
@@ -207,7 +207,7 @@ def test_update_from_sends_one_message(recorded):
             "label": "cell 7",
             "elapsed_s": 1.5,
             "proc_cpu_percent": math.nan,
-            "proc_rss_mb": 1536.0,
+            "proc_pss_mb": 1536.0,
             "sys_mem_total_mb": 16384.0,
             "gpu_util_percent": 40.0,
             "gpu_mem_used_mb": 2048.0,
@@ -220,21 +220,21 @@ def test_update_from_sends_one_message(recorded):
     assert updates[0] == {
         "label": "cell 7",
         "elapsed_s": 1.5,
-        "proc_rss_mb": 1536.0,
+        "proc_pss_mb": 1536.0,
         "sys_mem_total_mb": 16384.0,
         "gpu_util_percent": 40.0,
         "gpu_mem_used_mb": 2048.0,
         "gpu_count": 1,
     }
-    meter.update_from({"proc_cpu_percent": 50.0, "proc_rss_mb": math.nan})
-    assert comm.updates()[-1] == {"proc_cpu_percent": 50.0, "proc_rss_mb": None}
+    meter.update_from({"proc_cpu_percent": 50.0, "proc_pss_mb": math.nan})
+    assert comm.updates()[-1] == {"proc_cpu_percent": 50.0, "proc_pss_mb": None}
     assert len(comm.updates()) == before + 2
 
 
 def test_updates_are_tens_of_bytes(recorded):
     meter, comm = recorded
     meter.update_from({"elapsed_s": 0.25, **{name: 1.0 for name in METER_NAMES}, "gpu_count": 1})
-    meter.update_from({"elapsed_s": 0.5, "proc_cpu_percent": 97.8125, "proc_rss_mb": 1537.25})
+    meter.update_from({"elapsed_s": 0.5, "proc_cpu_percent": 97.8125, "proc_pss_mb": 1537.25})
     sizes = [len(json.dumps(u)) for u in comm.updates()]
     assert sizes[-1] < 100 and max(sizes) < 250, sizes
 
@@ -244,7 +244,7 @@ def test_separate_assignments_send_separate_messages(recorded):
     meter, comm = recorded
     before = len(comm.updates())
     meter.proc_cpu_percent = 1.0
-    meter.proc_rss_mb = 2.0
+    meter.proc_pss_mb = 2.0
     assert len(comm.updates()) == before + 2
 
 
@@ -276,7 +276,7 @@ def test_invalid_update_raises_and_changes_nothing(recorded):
     with pytest.raises(traitlets.TraitError):
         meter.update_from({"proc_cpu_percent": 20.0, "status": "exploded"})
     with pytest.raises(traitlets.TraitError):
-        meter.update_from({"proc_cpu_percent": 30.0, "proc_rss_mb": "lots"})
+        meter.update_from({"proc_cpu_percent": 30.0, "proc_pss_mb": "lots"})
     assert meter.proc_cpu_percent == 10.0
     assert meter.status == "running"
     assert len(comm.updates()) == before
@@ -286,10 +286,10 @@ def test_unknown_or_private_keys_are_rejected():
     meter = Meter()
     try:
         with pytest.raises(KeyError, match="cpu"):
-            meter.update_from({"cpu": 1.0, "proc_rss_mb": 5.0})
+            meter.update_from({"cpu": 1.0, "proc_pss_mb": 5.0})
         with pytest.raises(KeyError):
             meter.update_from({"_esm": "export default {}"})
-        assert meter.proc_rss_mb is None
+        assert meter.proc_pss_mb is None
     finally:
         meter.close()
 

@@ -202,7 +202,7 @@ const DEFAULTS = {
   elapsed_s: 12.3,
   fields: FIELDS,
   proc_cpu_percent: 3.14159,
-  proc_rss_mb: 1536,
+  proc_pss_mb: 1536,
   sys_mem_total_mb: 6144,
   gpu_util_percent: null,
   gpu_mem_used_mb: null,
@@ -259,7 +259,7 @@ test("built meter renders values and the documented hooks", async () => {
     assert.equal(m.q("cpu").getAttribute("title"), "CPU, process tree (100 = one core): 3.1 %");
     assert.equal(m.el.find("data-nbmon-bar", "cpu").getAttribute("data-fraction"), String(3.14159 / 100));
     assert.equal(m.q("ram").textContent, "1.5 GiB");
-    assert.equal(m.q("ram").getAttribute("title"), "RSS, process tree: 1.5 GiB of 6.0 GiB");
+    assert.equal(m.q("ram").getAttribute("title"), "memory, process tree (PSS: shared pages counted once): 1.5 GiB of 6.0 GiB");
     assert.equal(m.el.find("data-nbmon-bar", "ram").getAttribute("data-fraction"), "0.25");
     assert.equal(m.el.find("data-nbmon-bar", "ram").style.width, "25%");
     assert.equal(m.q("status").textContent, "running");
@@ -320,15 +320,15 @@ test("built meter follows model changes and status classes", async () => {
 
     m.model.set("proc_cpu_percent", 99.96);
     assert.equal(m.q("cpu").textContent, "100 %");
-    m.model.set("proc_rss_mb", 1023.96);
+    m.model.set("proc_pss_mb", 1023.96);
     assert.equal(m.q("ram").textContent, "1.0 GiB");
 
     m.model.set("sys_mem_total_mb", 0);
     assert.equal(m.el.find("data-nbmon-bar", "ram").parentNode.hidden, true);
-    assert.equal(m.q("ram").getAttribute("title"), "RSS, process tree: 1.0 GiB");
+    assert.equal(m.q("ram").getAttribute("title"), "memory, process tree (PSS: shared pages counted once): 1.0 GiB");
     m.model.set("sys_mem_total_mb", null);
     assert.equal(m.el.find("data-nbmon-bar", "ram").parentNode.hidden, true);
-    m.model.set("proc_rss_mb", null);
+    m.model.set("proc_pss_mb", null);
     assert.equal(m.q("ram").textContent, "\u2013");
 
     m.model.set("status", "interrupted");

@@ -2,7 +2,7 @@
 
 Its readings are the catalog's metrics with ``meter=True``, one synced float
 trait each, named as the catalog names them (units in the names:
-``proc_rss_mb`` is MiB). ``fields`` tells the front end, once, each
+``proc_pss_mb`` is MiB). ``fields`` tells the front end, once, each
 metric's unit and label and where it goes, so every number is shown by
 js/format.js's ``fmt`` in the metric's catalog unit, the same rules the
 static summary uses (nbmon/format.py). Unknown readings are None (JSON has
@@ -47,10 +47,13 @@ class Slot:
     bar: float | str | None = None
 
 
+# The process tree's memory: the one the meter shows as "RAM" against the machine's.
+TREE_MEMORY = next(m.name for m in METRICS if m.source == catalog.TREE and m.unit == "MiB")
+
 SLOTS: dict[str, Slot] = {
     # 100 = one core; several cores show a full bar and the number
     "proc_cpu_percent": Slot("cpu", "cpu", "CPU", 100.0),
-    "proc_rss_mb": Slot("ram", "ram", "RAM", "sys_mem_total_mb"),
+    TREE_MEMORY: Slot("ram", "ram", "RAM", "sys_mem_total_mb"),
     "sys_mem_total_mb": Slot("ram"),
     "gpu_util_percent": Slot("gpu", "gpu", "GPU", 100.0),
     "gpu_mem_used_mb": Slot("gpu", "gpu-mem"),
@@ -78,7 +81,7 @@ class Meter(anywidget.AnyWidget):
 
     Only scalars change, so each update is a few dozen bytes: ``elapsed_s``
     and one float per catalog meter metric (``proc_cpu_percent``,
-    ``proc_rss_mb``, ...), in the catalog's units. ``fields`` (static) says
+    ``proc_pss_mb``, ...), in the catalog's units. ``fields`` (static) says
     how to show them. A finished status ("done", "failed", "interrupted")
     also clears ``running``, so a meter can't keep ticking after its cell ended.
     """

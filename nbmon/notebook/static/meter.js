@@ -111,7 +111,7 @@ function barFraction(value, max) {
 //
 // What it shows comes from Python: the `fields` trait lists the metric catalog's
 // meter metrics ({name, unit, label, group, hook, key, bar, gpu}), each synced
-// as a float trait under its catalog name (proc_cpu_percent, proc_rss_mb, ...).
+// as a float trait under its catalog name (proc_cpu_percent, proc_pss_mb, ...).
 // Every number is shown by fmt() in its metric's unit: the rules of
 // nbmon/format.py, so the meter and the cell's static summary agree.
 //

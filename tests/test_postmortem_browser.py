@@ -1,0 +1,152 @@
+"""Why did my kernel die, in JupyterLab and headless Chromium: a JupyterLab
+whose kernels run in a real memory cgroup (as in a container); a cell grows
+towards the limit, the warning shows in its output and on its meter, the
+OOM killer kills the kernel ("Kernel Restarting"), and re-running
+``%load_ext nbmon`` shows the post-mortem, in the light and the dark theme.
+Screenshots go to tests/artifacts/postmortem-*.png."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from browser_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, JupyterLab, wait_for
+from test_cgroup import make_v1, remove
+
+MIB = 1 << 20
+LIMIT_MB = 900
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+NOTEBOOK = "train.ipynb"
+# Grows to 93 % of the container's limit (read from the cgroup itself), waits
+# there until the test has seen the warning, then grows until the kernel dies.
+FILL = """%%resmon --label fill
+import pathlib, time
+group = pathlib.Path({group!r})
+def percent():
+    stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+    used = int((group / "memory.usage_in_bytes").read_text()) - int(stat["total_inactive_file"])
+    return 100 * used / int((group / "memory.limit_in_bytes").read_text())
+chunks = []
+while not pathlib.Path("go").exists():
+    if percent() < 93:
+        chunks.append(b"x" * (4 << 20))
+    time.sleep(0.05)
+while True:
+    chunks.append(b"x" * (4 << 20))
+    time.sleep(0.02)"""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"Chromium is not installed at {CHROMIUM}: the browser tests need a real browser")
+    group = make_v1("memory", {"memory.limit_in_bytes": str(LIMIT_MB * MIB), "memory.swappiness": "0"})
+    base = tmp_path_factory.mktemp("postmortem-lab")
+    runtime = base / "xdg"
+    runtime.mkdir(mode=0o700)
+    root = base / "root"
+    root.mkdir()
+    nb = new_notebook(metadata={"kernelspec": KERNELSPEC},
+                      cells=[new_code_cell("%load_ext nbmon"), new_code_cell(FILL.format(group=group))])
+    nbformat.write(nb, root / NOTEBOOK)
+    saved = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(runtime)   # the server's kernels inherit it: their boxes go there
+    server = JupyterLab(base, root)
+    try:
+        server.start()
+        # The server's kernels, started from now on, are the container's processes.
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(server.proc.pid))
+        server.group = group
+        yield server
+    finally:
+        server.stop()
+        if saved is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = saved
+        # The server has left the group (it exited); the group can go.
+        remove(group)
+
+
+def oom_kills(group: str) -> int:
+    with open(os.path.join(group, "memory.oom_control")) as f:
+        return int(dict(line.split() for line in f)["oom_kill"])
+
+
+def brightness(color: str) -> int:
+    return sum(map(int, re.findall(r"\d+", color)[:3]))
+
+
+def test_warning_then_postmortem_in_jupyterlab(lab):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        try:
+            page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?reset&token={lab.token}", timeout=120_000)
+            status = page.locator("#jp-main-statusbar")
+            status.get_by_text(re.compile(r"\(ipykernel\) \| Idle")).wait_for(timeout=120_000)
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+            fill = page.locator(".jp-Cell").nth(1)
+            # Before the kill: the line in the running cell's output, and the meter's mark.
+            fill.get_by_text(re.compile(r"nbmon: this kernel's container is at \d")).wait_for(timeout=120_000)
+            fill.locator('.nbmon-meter[data-alert="container"]').wait_for(timeout=30_000)
+            assert re.fullmatch(r"\u26a0 9\d\.\d % of limit", fill.locator('[data-nbmon="alert"]').inner_text())
+            page.wait_for_timeout(500)
+            fill.screenshot(path=str(ARTIFACTS / "postmortem-warning.png"))
+            kills = oom_kills(lab.group)
+            (lab.root / "go").touch()
+            # The OOM killer takes the kernel; JupyterLab says so and restarts it.
+            dialog = page.locator(".jp-Dialog")
+            dialog.get_by_text(re.compile("appears to have died")).wait_for(timeout=120_000)
+            assert oom_kills(lab.group) > kills   # the truth, from the cgroup itself
+            page.screenshot(path=str(ARTIFACTS / "postmortem-kernel-died.png"))
+            dialog.get_by_role("button", name=re.compile("Ok", re.I)).click()
+            status.get_by_text(re.compile(r"\(ipykernel\) \| Idle")).wait_for(timeout=120_000)
+            # Re-running %load_ext nbmon in the new kernel shows the post-mortem.
+            first = page.locator(".jp-Cell").nth(0)
+            first.locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Shift+Enter")
+            record = first.locator(".nbmon-summary")
+            record.wait_for(timeout=120_000)
+            text = record.inner_text()
+            assert f"a kernel of {NOTEBOOK} died" in text
+            assert re.search(rf"killed by the container's OOM killer at \d+ MiB of its {LIMIT_MB} MiB memory limit",
+                             text), text
+            assert re.search(r"\[\d+\] %%resmon --label fill", text), text
+            page.wait_for_timeout(500)
+            first.screenshot(path=str(ARTIFACTS / "postmortem-light.png"))
+            # Saved, the notebook keeps the record; reopened in the dark theme, it shows from the file.
+            page.keyboard.press("Control+s")
+            wait_for(lambda: " died" in json.dumps(json.loads((lab.root / NOTEBOOK).read_text())["cells"][0]["outputs"]),
+                     30, "the notebook saved with the post-mortem")
+            theme = lab.base / "settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
+            theme.parent.mkdir(parents=True, exist_ok=True)
+            theme.write_text(json.dumps({"theme": "JupyterLab Dark"}))
+            page.reload(timeout=120_000)
+            page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=60_000)
+            record = page.locator(".jp-Cell").nth(0).locator(".nbmon-summary")
+            record.wait_for(timeout=60_000)
+            assert "killed by the container's OOM killer" in record.inner_text()
+            page.wait_for_timeout(800)
+            # Dark: light text on the dark page.
+            color = page.evaluate("() => getComputedStyle(document.querySelector('.nbmon-summary td')).color")
+            assert brightness(color) > 3 * 128, color
+            page.locator(".jp-Cell").nth(0).screenshot(path=str(ARTIFACTS / "postmortem-dark.png"))
+            assert not errors, errors
+        except BaseException:
+            page.screenshot(path=str(ARTIFACTS / "postmortem-failure.png"))
+            print("page errors:", errors, "\n--- server log ---\n", lab.log_text())
+            raise
+        finally:
+            browser.close()
