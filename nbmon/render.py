@@ -1,13 +1,26 @@
-"""Static HTML for humans: a summary table and an SVG timeline. Pure and
-dependency-free, so saved notebooks and HTML exports show it as is; numbers
+"""Static output for humans: a summary table and a timeline picture. Numbers
 become text through :mod:`nbmon.format` only.
+
+A saved notebook is read by viewers that trust it (JupyterLab, nbconvert)
+and by viewers that do not (an untrusted JupyterLab or Notebook 7, nbconvert
+``--sanitize-html``, GitHub), which strip styles, SVG and data-URI images and
+keep only a few elements. So the table uses only elements every one of them
+keeps (``div``, ``b``, ``table``, ``tr``, ``td``: nbconvert's sanitizer
+escapes ``th``, GitHub's drops ``span``, classes and styles) and reads without
+its styles, which are cosmetic; the timeline is a PNG (:func:`png_strips`),
+its own ``image/png`` output that every viewer shows, and its legend (what
+each strip is, its scale, the time span) stays in the table as text.
 """
 from __future__ import annotations
 
+import base64
 import html
+import struct
+import zlib
+
+import numpy as np
 
 from .format import fmt, is_unknown
-
 
 # JupyterLab's theme variables, with light fallbacks for pages that have none
 # (GitHub, nbconvert's classic template, VS Code): readable in either theme.
@@ -16,23 +29,43 @@ MUTED = "var(--jp-ui-font-color2, #555)"
 BORDER = "var(--jp-border-color2, #ddd)"
 PANEL = "var(--jp-layout-color1, transparent)"
 
+# Cosmetic only (a viewer may strip them; the table reads the same): compact
+# cells, labels left (JupyterLab right-aligns every cell for DataFrames).
+_LABEL = 'align="left" style="text-align:left;padding:1px 12px 1px 0;background:transparent"'
+_VALUE = 'align="right" style="text-align:right;padding:1px 0;background:transparent"'
+
 
 def html_table(title: str, rows: list[tuple[str, str]], *, status: str = "ok", extra: str = "") -> str:
-    """A compact two-column table; red border when ``status`` is not 'ok'."""
+    """A two-column table under a bold title; ``status`` other than 'ok'
+    colours its left border red (the title says the status in words)."""
     color = "#2a7d2a" if status == "ok" else "#c0392b"
-    body = "".join(
-        f'<tr style="background:transparent"><th style="text-align:left;padding:1px 10px 1px 0;'
-        f'font-weight:normal;color:{MUTED};background:transparent">'
-        f'{html.escape(k)}</th><td style="text-align:right;padding:1px 0;color:{FG};background:transparent">'
-        f'{html.escape(v)}</td></tr>'
-        for k, v in rows)
+    body = "".join(f"<tr><td {_LABEL}>{html.escape(k)}</td><td {_VALUE}>{html.escape(v)}</td></tr>"
+                   for k, v in rows)
     return (f'<div class="nbmon-summary" data-status="{html.escape(status)}" '
-            f'style="display:inline-block;border-left:3px solid {color};padding:4px 10px;color:{FG};'
+            f'style="display:inline-block;border-left:3px solid {color};padding:4px 10px;'
             f'font:12px/1.4 system-ui,sans-serif">'
-            f'<div style="font-weight:600;margin-bottom:2px">{html.escape(title)}</div>'
-            f'<table style="border-collapse:collapse;background:transparent">{body}</table>{extra}</div>')
+            f"<div><b>{html.escape(title)}</b></div>"
+            f'<table style="border-collapse:collapse;margin:2px 0 0">{body}</table>{extra}</div>')
 
 
+class Output:
+    """One notebook output from a ready mimebundle: ``display(Output(...))``
+    and a display handle's ``update`` take it as is."""
+
+    def __init__(self, data: dict, metadata: dict | None = None):
+        self.data, self.metadata = data, metadata or {}
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return self.data, self.metadata
+
+
+def text_table(title: str, rows: list[tuple[str, str]]) -> str:
+    """The same table as plain text (a terminal, text/plain), columns aligned."""
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join([title, *(f"  {k:<{width}}  {v}" for k, v in rows)])
+
+
+# The cluster view's inline SVG timeline (a trusted page's; untrusted viewers drop SVG).
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 
 
@@ -86,3 +119,88 @@ def svg_timeline(t, series: dict, *, width: int = 360, height: int = 84, max_poi
             + "".join(lines)
             + f'<g class="nbmon-timeline-scale" style="fill:{MUTED}">{ticks}</g>'
             + f'<text x="2" y="{height - 4}" style="fill:currentColor">' + "".join(legend) + "</text></svg>")
+
+
+# -- the timeline picture ------------------------------------------------------------
+
+def png_strips(t, strips, *, width: int = 360, strip_px: int = 24, gap_px: int = 6, scale: int = 2) -> bytes:
+    """A PNG of one strip per series, stacked, on a transparent background.
+
+    ``strips`` is a sequence of ``(values, top, color)``: each series is drawn
+    from 0 (the strip's bottom) to ``top`` (its top; larger values are
+    clipped there), as ``#rrggbb`` ``color``, against ``t`` (seconds, sorted).
+    Every pixel column shows the lowest and highest value of the samples it
+    holds, so a one-sample spike stays in the picture; neighbouring columns
+    are joined, and NaN is a gap. ``scale`` pixels per CSS pixel: the output's
+    metadata should give the CSS size (``width`` by the strips' height).
+    """
+    t = np.asarray(t, dtype=np.float64)
+    w, h, gap = width * scale, strip_px * scale, gap_px * scale
+    palette = [(0, 0, 0, 0), (128, 128, 128, 150)]   # transparent, frame
+    image = np.zeros((max(1, len(strips)) * (h + gap) - gap, w), dtype=np.uint8)
+    for k, (values, top, color) in enumerate(strips):
+        rgb = tuple(int(color[i:i + 2], 16) for i in (1, 3, 5))
+        line, fill = len(palette), len(palette) + 1
+        palette += [(*rgb, 255), (*rgb, 60)]
+        strip = image[k * (h + gap):k * (h + gap) + h]
+        strip[[0, -1], :] = 1
+        strip[:, [0, -1]] = 1
+        _draw_series(strip, t, np.asarray(values, dtype=np.float64), float(top), line, fill, scale)
+    return _png(image, palette)
+
+
+def _draw_series(strip: np.ndarray, t: np.ndarray, v: np.ndarray, top: float, line: int, fill: int,
+                 thick: int) -> None:
+    h, w = strip.shape
+    ok = np.isfinite(v) & np.isfinite(t)
+    if t.size < 2 or not ok.any() or not top > 0:
+        return
+    span = (t[-1] - t[0]) or 1.0
+    cols = np.clip(((t[ok] - t[0]) / span * (w - 1)).astype(np.int64), 0, w - 1)
+    v = v[ok]
+    starts = np.flatnonzero(np.r_[True, cols[1:] != cols[:-1]])
+    present = cols[starts]
+    lo, hi = np.minimum.reduceat(v, starts), np.maximum.reduceat(v, starts)
+    last = v[np.r_[starts[1:], v.size] - 1]
+    inner = h - 2 - 2 * thick   # the line's thickness stays inside the frame
+
+    def row(x):
+        return (h - 2 - thick - np.round(np.clip(x / top, 0.0, 1.0) * inner)).astype(np.int64)
+
+    every = np.arange(present[0], present[-1] + 1)
+    level = row(np.interp(every, present, last))          # the line between samples
+    low, high = level.copy(), level.copy()                # rows: high is nearer the top
+    at = present - present[0]
+    high[at], low[at] = np.minimum(high[at], row(hi)), np.maximum(low[at], row(lo))
+    high[1:], low[1:] = np.minimum(high[1:], level[:-1]), np.maximum(low[1:], level[:-1])  # joined
+    rows = np.arange(h)[:, None]
+    area = strip[:, present[0]:present[-1] + 1]   # a view
+    area[rows > low[None, :] + thick // 2] = fill
+    area[(rows >= high[None, :] - thick // 2) & (rows <= low[None, :] + thick // 2)] = line
+    area[[0, -1], :] = 1
+
+
+def _png(indexed: np.ndarray, palette) -> bytes:
+    """An 8-bit palette PNG (with transparency) of ``indexed``."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    h, w = indexed.shape
+    raw = np.zeros((h, w + 1), dtype=np.uint8)   # filter byte 0 (none) before each row
+    raw[:, 1:] = indexed
+    return (b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 3, 0, 0, 0))
+            + chunk(b"PLTE", bytes(c for p in palette for c in p[:3]))
+            + chunk(b"tRNS", bytes(p[3] for p in palette))
+            + chunk(b"IDAT", zlib.compress(raw.tobytes(), 9))
+            + chunk(b"IEND", b""))
+
+
+BLANK_PNG = _png(np.zeros((1, 1), dtype=np.uint8), [(0, 0, 0, 0)])   # one transparent pixel
+
+
+def png_img(png: bytes, width: int, height: int) -> str:
+    """``png`` as an inline ``<img>`` (for pages nbmon writes itself, not notebook outputs)."""
+    data = base64.b64encode(png).decode("ascii")
+    return (f'<img class="nbmon-timeline" alt="nbmon timeline" width="{width}" height="{height}" '
+            f'style="display:block;margin-top:4px" src="data:image/png;base64,{data}">')

@@ -19,7 +19,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-_ROW = re.compile(r"<th[^>]*>(.*?)</th>\s*<td[^>]*>(.*?)</td>", re.S)
+_ROW = re.compile(r"<tr[^>]*>\s*<t[hd][^>]*>(.*?)</t[hd]>\s*<td[^>]*>(.*?)</td>\s*</tr>", re.S)
 _UNITS_MIB = {"MiB": 1.0, "GiB": 1024.0, "TiB": 1024.0 * 1024.0}
 
 
@@ -65,6 +65,39 @@ def percent(text: str) -> float:
     m = re.match(r"\s*(\d+(?:\.\d+)?) %", text)
     assert m, f"not a percentage: {text!r}"
     return float(m.group(1))
+
+
+def legend(rows: dict[str, str]) -> dict[str, str]:
+    """{row name: top of its strip} from a record's timeline legend row
+    ('top: CPU to 200 % · bottom: memory to 1.2 GiB · over 3.00 s')."""
+    return dict(re.findall(r"(?:top|middle|bottom|2nd|3rd|strip): (.+?) to (.+?)(?= · )", row(rows, "Timeline")))
+
+
+def png_pixels(data: bytes):
+    """RGBA pixels (numpy, rows x columns x 4) of an 8-bit palette PNG with
+    unfiltered rows, every chunk's CRC checked: enough to read nbmon's
+    timeline independently of the code that wrote it."""
+    import struct
+    import zlib
+
+    import numpy as np
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    chunks, at = {}, 8
+    while at < len(data):
+        (length,), kind = struct.unpack(">I", data[at:at + 4]), data[at + 4:at + 8]
+        body = data[at + 8:at + 8 + length]
+        assert struct.unpack(">I", data[at + 8 + length:at + 12 + length])[0] == zlib.crc32(kind + body), kind
+        chunks[kind] = chunks.get(kind, b"") + body
+        at += 12 + length
+    w, h, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, color) == (8, 3), "an 8-bit palette PNG"
+    rows = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), dtype=np.uint8).reshape(h, w + 1)
+    assert not rows[:, 0].any(), "unfiltered rows"
+    palette = np.frombuffer(chunks[b"PLTE"], dtype=np.uint8).reshape(-1, 3)
+    alpha = np.full(len(palette), 255, dtype=np.uint8)
+    alpha[:len(chunks.get(b"tRNS", b""))] = np.frombuffer(chunks.get(b"tRNS", b""), dtype=np.uint8)
+    return np.concatenate([palette, alpha[:, None]], axis=1)[rows[:, 1:]]
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):

@@ -16,11 +16,12 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from browser_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, JupyterLab, wait_for
 from dashboard_page import INIT_SCRIPT, execute_time, idle_figures
+from nbmon.notebook.charts import ROWS
 
 IDLE_S = 30            # the issue's window: an open dashboard, nothing running
 FIRST_OUTPUT_S = 0.5   # %resmon to its first output in the page
 KIB_PER_S = 4.0        # kernel -> browser while idle, default settings
-KERNEL = ("proc_cpu_percent", "proc_rss_mb")   # the kernel's own traces
+KERNEL = tuple(row.headline for row in ROWS[:2])   # the kernel's own traces: CPU and memory
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 CELLS = ["%load_ext nbmon", "%resmon", "total = sum(range(3 * 10**6))", "%%resmon --label labelled\ntotal + 1"]
 # A cell that runs until the test has seen what it needs (a file appears),
@@ -152,8 +153,11 @@ def assert_record_shows_figures(page: Page) -> None:
     text = page.page.locator("body").inner_text()
     assert "Error displaying widget" not in text and "model not found" not in text
     assert record.locator(".nbmon-summary").is_visible()
-    assert record.locator("svg.nbmon-timeline polyline").count() >= 1
-    assert re.search(r"Peak RSS.*\d (MiB|GiB)", record.inner_text(), re.S)
+    assert re.search(r"Peak memory.*\d (MiB|GiB)", record.inner_text(), re.S)
+    assert "a live chart stood here" in record.inner_text()   # saved while live: it says so
+    # the timeline: the next output, a picture the browser decoded
+    picture = page.page.locator(".jp-OutputArea-child:has(.nbmon-live-record) + .jp-OutputArea-child img").first
+    assert picture.evaluate("img => img.complete && img.naturalWidth") == 720
 
 
 def test_lab_dashboard_is_quick_one_way_and_survives_the_kernel(lab, browser):
@@ -174,7 +178,7 @@ def test_lab_dashboard_is_quick_one_way_and_survives_the_kernel(lab, browser):
         assert "[3]" in chart["cells"] and "[4]" in chart["cells"]
         assert any("labelled" in h for h in chart["hover"]) and all(re.search(r"\d s$", h) for h in chart["hover"])
         assert chart["width"] >= chart["room"] - 2 > 600  # responsive: as wide as the output area
-        assert re.fullmatch(r"CPU \d.* · RSS \d.* (MiB|GiB)", chart["title"]), chart["title"]
+        assert re.fullmatch(r"CPU \d.* · memory \d.* (MiB|GiB)", chart["title"]), chart["title"]
         page.shot("dashboard-light.png")
 
         # one-way and cheap while idle
@@ -231,7 +235,7 @@ def test_dark_theme_and_a_clean_stop(lab, browser):
         assert not page.errors, page.errors
         # dark: light text on the dark page
         color = page.page.evaluate("""() => getComputedStyle(
-            document.querySelector('.nbmon-summary th')).color""")
+            document.querySelector('.nbmon-summary td')).color""")
         assert sum(map(int, re.findall(r"\d+", color)[:3])) > 3 * 128, color
         page.shot("dashboard-dark-stopped.png")
     except BaseException:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from nbmon.notebook.frames import MAX_FRAME_BYTES, bucket_max, build_frame, frame_bytes, minmax_indices
+from nbmon.notebook.frames import MAX_FRAME_BYTES, build_frame, frame_bytes, minmax_indices
 from nbmon.store import Store
 
 COLUMNS = ("proc_cpu_percent", "sys_cpu_percent", "proc_rss_mb", "sys_mem_used_mb")
@@ -104,20 +104,6 @@ def test_all_nan_series_and_infinities():
 def test_bad_budget_is_refused(budget):
     with pytest.raises(ValueError, match="budget"):
         minmax_indices(np.arange(10.0), budget)
-
-
-def test_bucket_max_keeps_peaks_on_a_shared_time_axis():
-    n = 100_001
-    t = np.arange(n) * 0.5
-    a = np.zeros(n)
-    a[77_777] = 9.0
-    b = np.full(n, np.nan)
-    b[5] = 2.0
-    t_out, out = bucket_max(t, {"a": a, "b": b}, 300)
-    assert len(t_out) <= 300 and len(out["a"]) == len(out["b"]) == len(t_out)
-    assert out["a"].max() == 9.0
-    assert np.nanmax(out["b"]) == 2.0 and np.isnan(out["b"][1:]).all()
-    assert t_out[0] == 0.0 and np.all(np.diff(t_out) > 0)
 
 
 # -- build_frame -------------------------------------------------------------

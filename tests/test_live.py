@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from browser_util import row, summary_rows
+from browser_util import legend, png_pixels, row, summary_rows
 from helpers import RecordingComm, wait_until
 from nbmon.engine import Monitor
 from nbmon.notebook import charts
@@ -17,6 +17,7 @@ from nbmon.notebook.dashboard import MARGIN_PX, THREAD_NAME, Dashboard, frame_by
 from nbmon.sources.cgroup import Cgroup
 
 POLL_S = 10.0  # upper bound of every wait below; they normally end in milliseconds
+MEMORY = charts.ROWS[1].headline   # the kernel's memory column, as the catalog charts it
 
 
 def live_threads():
@@ -69,7 +70,7 @@ def test_rows_without_gpu_kernel_on_top_machine_beneath(stopped, dashboards):
     dashboards.append(d)
     assert d.widget is not None and type(d.widget).__name__ == "FigureWidget"
     assert [c for c in d.columns if not c.startswith("cgroup_")] == \
-        ["sys_cpu_percent", "proc_cpu_percent", "sys_mem_used_mb", "proc_rss_mb"]
+        ["sys_cpu_percent", "proc_cpu_percent", "sys_mem_used_mb", MEMORY]
     assert [tr.meta for tr in d.widget.data] == d.columns + ["cells"]
     traces = {tr.meta: tr for tr in d.widget.data}
     layout = d.widget.layout
@@ -77,7 +78,7 @@ def test_rows_without_gpu_kernel_on_top_machine_beneath(stopped, dashboards):
     assert layout.xaxis.range is None           # fits the data; the front end keeps the last window
     assert d.widget._nbmon["window"] == 120.0
     # machine-wide figures: a light band on the row's right axis, drawn first (underneath)
-    for machine, kernel in (("sys_cpu_percent", "proc_cpu_percent"), ("sys_mem_used_mb", "proc_rss_mb")):
+    for machine, kernel in (("sys_cpu_percent", "proc_cpu_percent"), ("sys_mem_used_mb", MEMORY)):
         assert traces[machine].fill == "tozeroy" and traces[kernel].fill is None
         assert traces[machine].line.width < traces[kernel].line.width
         assert layout[traces[machine].yaxis.replace("y", "yaxis")].side == "right"
@@ -91,7 +92,7 @@ def test_the_container_limit_is_a_line_beside_the_kernels_memory(stopped, dashbo
     append(stopped.store, 5, cgroup_mem_limit_mb=4096.0)   # as the cgroup source gives it, when known
     d = Dashboard(stopped, start=False)
     dashboards.append(d)
-    limit, rss = trace(d, "cgroup_mem_limit_mb"), trace(d, "proc_rss_mb")
+    limit, rss = trace(d, "cgroup_mem_limit_mb"), trace(d, MEMORY)
     assert limit.name == "memory limit, container"
     assert limit.line.dash == "dash" and limit.line.color == charts.LIMIT_COLOR
     assert limit.yaxis == rss.yaxis != trace(d, "sys_mem_used_mb").yaxis
@@ -122,8 +123,8 @@ def test_a_container_limit_is_in_the_legend_only_when_there_is_one(tmp_path, das
 
 def test_without_system_columns_only_the_tree_is_drawn(dashboards):
     d = dashboard_of_a_short_run(dashboards)
-    assert [c for c in d.columns if not c.startswith("cgroup_")] == ["proc_cpu_percent", "proc_rss_mb"]
-    assert len(trace(d, "proc_rss_mb").x) >= 2
+    assert [c for c in d.columns if not c.startswith("cgroup_")] == ["proc_cpu_percent", MEMORY]
+    assert len(trace(d, MEMORY).x) >= 2
 
 
 # -- the wire -----------------------------------------------------------------
@@ -134,19 +135,19 @@ def test_a_frame_carries_only_the_new_samples(stopped, dashboards):
     dashboards.append(d)
     d.widget.comm = comm = RecordingComm(target_name="jupyter.widget")
     comm.published.clear()                              # its own comm_open
-    assert len(trace(d, "proc_rss_mb").x) == stopped.store.seq   # the first state: what the store held
+    assert len(trace(d, MEMORY).x) == stopped.store.seq   # the first state: what the store held
     assert not d.refresh() and not d.refresh()          # nothing new: nothing sent
     assert comm.published == [] and d.skipped == 2
     sent = []
     for _ in range(3):
-        append(stopped.store, 10, proc_cpu_percent=42.0, proc_rss_mb=1536.0)
+        append(stopped.store, 10, proc_cpu_percent=42.0, **{MEMORY: 1536.0})
         assert d.refresh()
         sent += comm.customs("nbmon:append")
         comm.published.clear()
     assert len(sent) == 3
     for content, (x, *ys) in sent:
         assert len(x) == 10 * 8 and len(ys) == len(d.columns) and all(len(y) == 10 * 4 for y in ys)
-        assert content["title"] == "CPU 42.0 % · RSS 1.5 GiB"
+        assert content["title"] == "CPU 42.0 % · memory 1.5 GiB"
     xs = np.concatenate([np.frombuffer(b[0], dtype=np.float64) for _, b in sent])
     assert np.all(np.diff(xs) > 0)                      # seconds since the run's start, never resent
     cpu = np.frombuffer(sent[0][1][1 + d.columns.index("proc_cpu_percent")], dtype=np.float32)
@@ -160,7 +161,7 @@ def test_the_first_state_is_decimated_and_holds_no_plotly_bundle(stopped, dashbo
     d = Dashboard(stopped, start=False, budget_per_trace=1000)
     dashboards.append(d)
     assert all(len(tr.y) == 1000 for tr in d.widget.data if tr.meta != "cells")
-    assert trace(d, "proc_rss_mb").x.dtype == np.float64
+    assert trace(d, MEMORY).x.dtype == np.float64
     state = d.widget.get_state()
     assert len(state["_esm"]) < 100_000                 # nbmon's loader, not plotly's 5 MB bundle
     assert state["_nbmon"]["id"] == d.live_id
@@ -206,8 +207,8 @@ def test_refresher_draws_while_running_and_freeze_stops_it(monitor, dashboards):
     record = d.freeze()
     assert not live_threads()
     assert not d.running
-    assert '<svg' in record and 'class="nbmon-summary"' in record
-    assert "Resource summary" in record and "CPU" in record and "RSS" in record and "stopped" in record
+    assert record.timeline is not None and 'class="nbmon-summary"' in record.html
+    assert "Resource summary" in record.html and "Peak memory" in record.html and "stopped" in record.html
     assert comm.customs("nbmon:append")[-1][0]["title"].endswith("· stopped")
     assert d.errors == 0, d.last_error
 
@@ -216,7 +217,7 @@ def test_refresher_ends_by_itself_when_the_monitor_stops(monitor, dashboards):
     d = Dashboard(monitor, refresh_hz=50.0, start=False)
     dashboards.append(d)
     d.widget.comm = comm = RecordingComm(target_name="jupyter.widget")
-    first = len(trace(d, "proc_rss_mb").x)
+    first = len(trace(d, MEMORY).x)
     d.start()
     wait_until(lambda: d.refreshes >= 1, timeout=POLL_S, what="a refresh")
     monitor.stop()
@@ -243,7 +244,7 @@ def test_refresher_counts_errors_and_keeps_going(monitor, dashboards):
     assert d.last_error == "RuntimeError: boom"
     record = d.freeze()
     assert not live_threads()
-    assert 'class="nbmon-summary"' in record
+    assert 'class="nbmon-summary"' in record.html
 
 
 def test_freeze_of_a_monitor_that_never_started(dashboards):
@@ -251,12 +252,12 @@ def test_freeze_of_a_monitor_that_never_started(dashboards):
     d = Dashboard(m, refresh_hz=50.0)
     dashboards.append(d)
     assert [c for c in d.columns if not c.startswith("cgroup_")] == \
-        ["sys_cpu_percent", "proc_cpu_percent", "sys_mem_used_mb", "proc_rss_mb"]
+        ["sys_cpu_percent", "proc_cpu_percent", "sys_mem_used_mb", MEMORY]
     assert d.running                              # waits for the monitor to start
     assert not d.refresh()
     record = d.freeze()
     assert not live_threads()
-    assert 'class="nbmon-summary"' in record and "<svg" not in record
+    assert 'class="nbmon-summary"' in record.html and record.timeline is None
 
 
 def test_start_again_after_freeze(monitor, dashboards):
@@ -307,39 +308,72 @@ def test_gpu_rows_per_device(fake_gpus, dashboards):
     later = Dashboard(m, start=False)
     dashboards.append(later)
     assert later.columns == d.columns
-    assert "GPU" in later.freeze()
+    assert "GPU" in later.freeze().html
 
 
 # -- static pages -------------------------------------------------------------
 
 
+# What every viewer keeps: nbconvert --sanitize-html escapes other elements
+# (th, tbody, span, svg, img), GitHub's allowlist drops classes and styles.
+KEPT_EVERYWHERE = {"div", "b", "table", "tr", "td"}
+
+
 def test_record_html_is_plain_html_the_live_chart_mounts_into(stopped, dashboards):
     from nbmon.notebook.dashboard import record_html
 
-    record = record_html(stopped)
-    assert record.startswith('<div class="nbmon-live-record">')
-    assert 'class="nbmon-summary"' in record and "<svg" in record
-    assert "<script" not in record
+    html = record_html(stopped)
+    assert html.startswith('<div class="nbmon-live-record">')
+    assert 'class="nbmon-summary"' in html
+    assert set(re.findall(r"<([a-z0-9]+)", html)) <= KEPT_EVERYWHERE, set(re.findall(r"<([a-z0-9]+)", html))
     d = Dashboard(stopped, start=False)
     dashboards.append(d)
-    shown = d._repr_mimebundle_()
-    assert "application/vnd.jupyter.widget-view+json" not in shown   # a saved notebook never says "model not found"
-    assert f'data-nbmon-live="{d.live_id}"' in shown["text/html"] and "nbmon-live-static" in shown["text/html"]
-
-
-def legend_peaks(html: str) -> dict[str, str]:
-    """{row: peak text} of a static timeline's legend."""
-    return dict(re.findall(r"</tspan> (\w+(?: \w+)?) peak ([^<]+?)  ", html))
+    data, _metadata = d._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" not in data   # a saved notebook never says "model not found"
+    assert f'data-nbmon-live="{d.live_id}"' in data["text/html"] and "nbmon-live-static" in data["text/html"]
+    assert "a live chart stood here; its figures as of " in data["text/html"]   # saved while live, it says so
+    assert "Resource summary" in data["text/plain"] and "Duration" in data["text/plain"]
+    picture, metadata = d.picture()._repr_mimebundle_()
+    assert set(picture) == {"image/png", "text/plain"} and metadata["image/png"]["width"] == charts.TIMELINE_PX
 
 
 def test_record_table_and_timeline_give_the_same_figures(stopped):
-    from nbmon.notebook.dashboard import record_html
+    from nbmon.notebook.dashboard import record
 
-    html = record_html(stopped)
-    table, legend = summary_rows(html), legend_peaks(html)
-    assert legend["CPU"] == row(table, "CPU mean / peak").split(" / ")[1]
-    assert legend["RSS"] == row(table, "Peak RSS")
-    assert re.search(r'class="nbmon-timeline-scale".*>0\.00 s<', html)   # a time scale
+    shown = record(stopped)
+    table = summary_rows(shown.html)
+    peaks = legend(table)
+    assert peaks["CPU"] == row(table, "CPU mean / peak").split(" / ")[1]
+    assert peaks["memory"] == row(table, "Peak memory").split(" (")[0]
+    assert re.search(r" · over \d+\.\d\d s$", row(table, "Timeline"))   # the time scale
+    pixels = png_pixels(shown.timeline.png)
+    assert pixels.shape[:2] == (2 * shown.timeline.height, 2 * shown.timeline.width)
+
+
+def strip_columns(pixels, strip: int, color: str) -> np.ndarray:
+    """Per pixel column of one strip of a record's timeline: the highest row
+    (0 = the strip's top) drawn opaque in ``color``, or the strip's height."""
+    rgb = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    h = 48   # 24 CSS px at twice the resolution, then a 12-pixel gap
+    part = pixels[strip * (h + 12):strip * (h + 12) + h]
+    drawn = (part[..., :3] == rgb).all(axis=2) & (part[..., 3] == 255)
+    return np.where(drawn.any(axis=0), drawn.argmax(axis=0), h)
+
+
+def test_a_one_sample_spike_survives_in_the_timeline_picture(stopped):
+    from nbmon.notebook.dashboard import record
+
+    append(stopped.store, 30_000, proc_cpu_percent=10.0)
+    append(stopped.store, 1, proc_cpu_percent=400.0)     # one sample in 30,001, at ~2/3 of the run
+    append(stopped.store, 15_000, proc_cpu_percent=10.0)
+    shown = record(stopped)
+    cpu_color = next(t.color for t in charts.traces_for(stopped.store.columns)[1] if t.column == "proc_cpu_percent")
+    tops = strip_columns(png_pixels(shown.timeline.png), 0, cpu_color)
+    spike = int(tops.argmin())
+    assert tops[spike] <= 4                                    # the spike reaches the strip's top (its scale)
+    assert 0.6 < spike / tops.size < 0.72                      # where it happened
+    assert (tops[:spike - 4] > 40).all() and (tops[spike + 4:] > 40).all()   # and nowhere else: 10 % of 400
+    assert legend(summary_rows(shown.html))["CPU"] == "400 %"
 
 
 def test_write_html_is_a_self_contained_page_of_the_whole_run(stopped, tmp_path):
@@ -352,7 +386,7 @@ def test_write_html_is_a_self_contained_page_of_the_whole_run(stopped, tmp_path)
     page = path.read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>")
     assert "<title>nbmon: python &lt;train.py&gt;</title>" in page
-    assert 'class="nbmon-summary"' in page and "<svg" in page
+    assert 'class="nbmon-summary"' in page and '<img class="nbmon-timeline"' in page
     assert "Plotly.newPlot" in page
     assert not re.search(r"<script[^>]*\bsrc=", page)          # plotly.js is embedded: offline
     assert len(page) > 1_000_000

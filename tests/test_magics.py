@@ -15,7 +15,7 @@ from IPython.utils.capture import capture_output
 
 import nbmon
 import nbmon.notebook.magics
-from browser_util import row, summary_rows
+from browser_util import legend, row, summary_rows
 from helpers import burn_cpu, wait_until
 from nbmon.notebook.session import SESSION
 from nbmon.summary import ResourceSummary
@@ -92,7 +92,8 @@ def test_cell_adds_history_row_and_shows_summary_in_place_of_meter(ip):
     assert last.mean_cpu_percent == row["mean_cpu_percent"]
 
     # the live meter, then the static summary replacing it through the same display id
-    meter, summary = cap.outputs
+    meter, summary, *picture = cap.outputs   # a timeline picture, if two samples: an output of its own
+    assert all("image/png" in p.data and not p.update for p in picture)
     assert WIDGET_MIME in meter.data and not meter.update
     display_id = meter.transient["display_id"]
     assert summary.update and summary.transient["display_id"] == display_id
@@ -191,8 +192,9 @@ def test_line_magic_starts_one_monitor_and_stop_ends_every_thread(ip):
         ip.run_line_magic("resmon", "--interval 0.05")
     assert samplers() == 1 and count("nbmon-live") == 1
     # its record at once, which the widget mounts its chart into: never a widget view a saved notebook loses
-    (record,) = cap.outputs
+    record, picture = cap.outputs   # the record's table, then its timeline picture
     assert "nbmon-live-record" in html_of(record) and WIDGET_MIME not in record.data
+    assert "image/png" in picture.data
 
     with capture_output() as cap:
         ip.run_line_magic("resmon", "")  # a second dashboard, the same monitor
@@ -212,8 +214,8 @@ def test_line_magic_starts_one_monitor_and_stop_ends_every_thread(ip):
     with capture_output() as cap:
         ip.run_line_magic("resmon", "stop")
     wait_until(lambda: not thread_names(), timeout=5.0, what="every nbmon thread to end after stop")
-    records = [o for o in cap.outputs if o.update]
-    assert len(records) == 2 and all("nbmon-live-record" in html_of(o) for o in records)
+    records = [o for o in cap.outputs if o.update and "nbmon-live-record" in html_of(o)]
+    assert len(records) == 2 and len([o for o in cap.outputs if o.update and "image/png" in o.data]) == 2
     assert any("nbmon-summary" in html_of(o) for o in cap.outputs if not o.update)
 
     with capture_output() as cap:
@@ -262,7 +264,7 @@ def test_samples_frame_round_trips_through_csv_and_parquet(ip, tmp_path):
 def test_dashboard_marks_each_cell_with_its_prompt_number(ip):
     with capture_output():
         ip.run_line_magic("resmon", "--interval 0.05")
-    (dashboard, _), = nbmon.notebook.magics._loaded[id(ip)].dashboards
+    (dashboard, *_), = nbmon.notebook.magics._loaded[id(ip)].dashboards
     number = ip.execution_count
     with capture_output():
         ip.run_cell("rm_y = sum(range(10**5))", store_history=True)   # numbered, as in a kernel
@@ -273,7 +275,7 @@ def test_dashboard_marks_each_cell_with_its_prompt_number(ip):
     assert first["t0"] < first["t1"] <= second["t0"] < second["t1"]
     with capture_output() as cap:
         ip.run_line_magic("resmon", "stop")
-    (final,) = [o for o in cap.outputs if o.update]
+    (final,) = [o for o in cap.outputs if o.update and "nbmon-live-record" in html_of(o)]
     assert "stopped" in html_of(final)
 
 
@@ -282,7 +284,7 @@ def test_in_a_terminal_the_record_is_shown_at_start_and_replaced_at_stop_only(ip
     # again: the first figures, a cell's end, the periodic refresh would each print.
     with capture_output() as cap:
         ip.run_line_magic("resmon", "--interval 0.05")
-        (dashboard, _), = nbmon.notebook.magics._loaded[id(ip)].dashboards
+        (dashboard, *_), = nbmon.notebook.magics._loaded[id(ip)].dashboards
         wait_until(lambda: dashboard.widget is not None, timeout=60.0, what="the chart (after the first figures)")
         ip.run_cell("rm_t = 1", store_history=True)
         ip.run_line_magic("resmon", "stop")
@@ -301,10 +303,6 @@ def test_failing_cell_shows_the_users_code_with_its_prompt_number(ip):
     assert len(text.strip().splitlines()) < 12, text
 
 
-def legend_peaks(html: str) -> dict[str, str]:
-    return dict(re.findall(r"</tspan> (\w+(?: \w+)?) peak ([^<]+?)  ", html))
-
-
 def test_cell_record_table_and_timeline_give_the_same_figures(ip):
     nbmon.monitor(interval=0.02, gpu=False)   # one monitor across cells, as while %resmon runs
     try:
@@ -313,11 +311,12 @@ def test_cell_record_table_and_timeline_give_the_same_figures(ip):
             ip.run_cell_magic("resmon", "--label idle", "import time\ntime.sleep(0.3)")
     finally:
         SESSION.stop()
-    html = html_of(cap.outputs[-1])
-    table, legend = summary_rows(html), legend_peaks(html)
-    assert legend["CPU"] == row(table, "CPU mean / peak").split(" / ")[1]
-    assert legend["RSS"] == row(table, "Peak RSS")
-    assert re.search(r'class="nbmon-timeline-scale".*>0\.00 s<', html)   # a time scale
+    html = [html_of(o) for o in cap.outputs if "nbmon-summary" in html_of(o)][-1]
+    table = summary_rows(html)
+    peaks = legend(table)   # the timeline picture's legend, a row of the table
+    assert peaks["CPU"] == row(table, "CPU mean / peak").split(" / ")[1]
+    assert peaks["memory"] == row(table, "Peak memory").split(" (")[0]
+    assert re.search(r" · over \d+\.\d\d s$", row(table, "Timeline"))   # a time scale
 
 
 def test_history_has_no_gpu_columns_without_gpu_figures(ip):

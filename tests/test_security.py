@@ -240,7 +240,7 @@ def test_write_html_replaces_a_file_only_when_told(tmp_path):
     with pytest.raises(FileExistsError):
         write_html(m, path, overwrite=False)
     assert path.read_text() == "precious\n"
-    write_html(m, path)  # the default replaces it, as nbmon run --force relies on
+    write_html(m, path, overwrite=True)  # replacing is asked for, as nbmon run --force does
     assert path.read_text().startswith("<!DOCTYPE html>")
     fresh = tmp_path / "new.html"
     write_html(m, fresh, overwrite=False)

@@ -1,22 +1,103 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { appendWindow, typed } from "../dashboard.js";
+import {
+  MAX_HELD, MERGE_PX, Series, bandGroups, contrast, decimate, describe, muted, over, parseColor, signature, typed,
+} from "../dashboard.js";
 
-test("appendWindow keeps the last `window` seconds of old and new points", () => {
-  const { x, y, dropped } = appendWindow(
-    new Float64Array([0, 1, 2, 3]), new Float32Array([10, 11, 12, 13]),
-    new Float64Array([4, 5]), new Float32Array([14, 15]), 3);
-  assert.deepEqual(Array.from(x), [2, 3, 4, 5]);
-  assert.deepEqual(Array.from(y), [12, 13, 14, 15]);
-  assert.equal(dropped, 2);
+function series(ys, step = 0.1, capacity = MAX_HELD) {
+  const s = new Series("%", capacity);
+  s.push(Float64Array.from(ys, (_, i) => i * step), Float32Array.from(ys));
+  return s;
+}
+
+test("a series keeps the window: trim drops older points, texts are formatted once", () => {
+  const s = series([10, 11, 12, 13, 14, 15], 1);
+  s.trim(2);
+  assert.equal(s.length, 4);
+  assert.equal(s.first, 2);
+  assert.deepEqual(s.text.slice(s.start, s.end), ["12.0 %", "13.0 %", "14.0 %", "15.0 %"]);
 });
 
-test("appendWindow fits the data until the window is full", () => {
-  const { x, dropped } = appendWindow(new Float64Array([0]), new Float32Array([1]),
-    new Float64Array([0.5]), new Float32Array([2]), 600);
-  assert.deepEqual(Array.from(x), [0, 0.5]);
-  assert.equal(dropped, 0);
+test("a full series merges its older half into min/max pairs: bounded, every extreme kept", () => {
+  const ys = Array.from({ length: 50_000 }, (_, i) => (i % 7) + (i === 1234 ? 900 : 0) - (i === 777 ? 50 : 0));
+  const s = series(ys, 0.01, 1000);
+  assert.ok(s.length <= 1000, s.length);
+  const held = Array.from(s.y.subarray(s.start, s.end));
+  assert.ok(held.includes(906) || held.includes(900 + (1234 % 7)), "the spike survived");
+  assert.ok(held.includes((777 % 7) - 50), "the dip survived");
+  const xs = Array.from(s.x.subarray(s.start, s.end));
+  assert.ok(xs.every((x, i) => i === 0 || x > xs[i - 1]), "time order kept");
+  assert.equal(s.last, (ys.length - 1) * 0.01);
+});
+
+test("decimate draws at most two points per column, and a one-sample spike keeps its sample", () => {
+  const ys = Array.from({ length: 6000 }, () => 5);
+  ys[4321] = 500;
+  const s = series(ys);
+  const { x, y, text } = decimate(s, 0, 599.9, 400);
+  assert.ok(x.length <= 800, x.length);
+  assert.ok(Array.from(y).includes(500));
+  assert.equal(x[Array.from(y).indexOf(500)], s.x[4321]);
+  assert.equal(text[Array.from(y).indexOf(500)], "500 %");
+  assert.ok(Array.from(x).every((v, i) => i === 0 || v >= x[i - 1]));
+});
+
+test("decimate keeps only the range; with edges, the points just outside too", () => {
+  const s = series(Array.from({ length: 100 }, (_, i) => i), 1);
+  assert.deepEqual(Array.from(decimate(s, 10, 20, 100).x), [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]);
+  const edged = Array.from(decimate(s, 10.5, 19.5, 100, true).x);
+  assert.equal(edged[0], 10);
+  assert.equal(edged[edged.length - 1], 20);
+});
+
+test("bands: only inside the range, quick neighbours merged, wide cells alone", () => {
+  const cells = [];
+  for (let i = 0; i < 1000; i++) cells.push({ id: `q${i}`, n: 10 + i, t0: 100 + i * 0.03, t1: 100 + i * 0.03 + 0.001 });
+  cells.push({ id: "long", n: 2000, label: "train", t0: 200, t1: 260 });
+  cells.push({ id: "old", n: 1, t0: 0, t1: 5 });
+  const pxPerS = 800 / 600;
+  const groups = bandGroups(cells, 10, 610, pxPerS, 610);
+  assert.equal(groups.length, 2, JSON.stringify(groups.map((g) => [g.a, g.b, g.cells.length])));
+  assert.equal(groups[0].cells.length, 1000);
+  assert.deepEqual(describe(groups[0]), { label: "[10]–[1009]", hover: "In [10]–[1009] · 1000 cells · 1.00 s" });
+  assert.deepEqual(describe(groups[1]), { label: "[2000]", hover: "In [2000] train · 1:00" });
+  // wide enough to tell apart: each its own band, at least a pixel wide
+  const apart = bandGroups(cells.slice(0, 1000), 100, 101, 10_000, 101);
+  assert.ok(apart.length > 30, apart.length);
+  assert.ok(apart.every((g) => (g.b - g.a) * 10_000 >= 1 - 1e-9));
+  // never more bands than the width allows
+  assert.ok(bandGroups(cells, 0, 600, pxPerS, 600).length <= 800 / MERGE_PX + 1);
+});
+
+test("a running cell ends at the newest point", () => {
+  const [g] = bandGroups([{ id: "r", n: 3, t0: 5, t1: null }], 0, 10, 80, 9);
+  assert.equal(g.b, 9);
+  assert.equal(describe(g).hover, "In [3]  · running");
+});
+
+test("muted text still reads: contrast of at least 4.5 on light and dark", () => {
+  for (const [fg, bg] of [[[0, 0, 0, 0.87], [255, 255, 255, 1]], [[255, 255, 255, 0.87], [17, 17, 17, 1]]]) {
+    const band = over([128, 128, 128, 0.1], bg);
+    const text = muted(over(fg, bg), band);
+    assert.ok(contrast(text, band) >= 4.5, contrast(text, band));
+    assert.ok(contrast(text, band) < contrast(over(fg, bg), band), "muted, not the full text colour");
+  }
+  assert.deepEqual(parseColor("rgba(255, 255, 255, 0.87)"), [255, 255, 255, 0.87]);
+  assert.deepEqual(parseColor("#fff"), [255, 255, 255, 1]);
+  assert.equal(Math.round(contrast([0, 0, 0, 1], [255, 255, 255, 1])), 21);
+});
+
+test("the signature changes when a point moves a pixel, not before", () => {
+  const s = series(Array.from({ length: 6000 }, (_, i) => 10 + (i % 3)), 0.1);
+  const range = { x0: 0, x1: 599.9 };
+  const sign = () => signature(["y"], [decimate(s, range.x0, range.x1, 400)], [], range, 800, null);
+  const first = sign();
+  assert.equal(sign(), first);
+  s.y[s.end - 1] += 0.001;   // far below a pixel
+  assert.equal(sign(), first);
+  s.y[s.end - 1] = 40;       // a new peak: the axis and every point move
+  assert.notEqual(sign(), first);
 });
 
 test("typed reads plotly's serialized arrays, views at an offset included", () => {

@@ -1,5 +1,5 @@
 """The chart, declared once. The live dashboard's plotly subplots and the
-static SVG timeline of a record are both drawn from :data:`ROWS` and
+static timeline of a record (a PNG) are both drawn from :data:`ROWS` and
 :data:`STYLES`; a metric joins a row through its catalog entry's ``chart``,
 and how it is drawn follows from its catalog ``source``: the kernel's own
 figures on top and emphasised on the row's left axis, machine-wide ones as a
@@ -8,16 +8,17 @@ the kernel's (its memory limit is the kernel's ceiling).
 """
 from __future__ import annotations
 
+import base64
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import catalog
-from ..render import svg_timeline
-from .frames import bucket_max
+from ..format import fmt
+from ..render import BLANK_PNG, Output, png_strips
 
-TIMELINE_POINTS = 600   # points of a static timeline
+TIMELINE_PX = 360       # CSS width of a record's timeline picture
 PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#d62728", "#17becf", "#8c564b", "#e377c2")
 MACHINE_COLOR = "rgba(128, 128, 128, 0.45)"   # machine-wide bands: grey whatever the row, light
 MACHINE_FILL = "rgba(128, 128, 128, 0.18)"
@@ -28,18 +29,25 @@ LIMIT_COLOR = "#d62728"
 class Row:
     key: str          # the catalog's `chart` value of the metrics drawn here
     title: str        # left (kernel) axis title
-    short: str        # the row's name in a static timeline's legend
-    headline: str     # the column a static timeline draws for the row
+    short: str        # the row's name in a headline and a static timeline's legend
     px: int           # height in the dashboard
     machine: str | None = None               # right (machine) axis title; None: the row has none
     machine_range: tuple[float, float] | None = None   # a fixed right axis range (None: fit the data)
+    total: str | None = None   # the column that stands for the row in a headline and a timeline,
+                               # None: the row's kernel (tree) metric in the catalog
+
+    @property
+    def headline(self) -> str:
+        if self.total is not None:
+            return self.total
+        return next(m.name for m in catalog.METRICS if m.chart == self.key and m.source == catalog.TREE)
 
 
 ROWS = (
-    Row("cpu", "kernel CPU %", "CPU", "proc_cpu_percent", 150, "machine CPU %", (0.0, 100.0)),
-    Row("memory", "kernel MiB", "RSS", "proc_rss_mb", 150, "machine MiB"),
-    Row("gpu_util", "GPU util %", "GPU", "gpu_util_percent", 120),
-    Row("gpu_memory", "GPU memory MiB", "GPU mem", "gpu_mem_used_mb", 120),
+    Row("cpu", "kernel CPU %", "CPU", 150, "machine CPU %", (0.0, 100.0)),
+    Row("memory", "kernel MiB", "memory", 150, "machine MiB"),
+    Row("gpu_util", "GPU util %", "GPU", 120, total="gpu_util_percent"),
+    Row("gpu_memory", "GPU memory MiB", "GPU mem", 120, total="gpu_mem_used_mb"),
 )
 
 
@@ -97,25 +105,87 @@ def traces_for(columns) -> tuple[list[Row], list[Trace]]:
     return rows, traces
 
 
-def svg_record_timeline(store, stats, t_from: float = -math.inf) -> str:
-    """Static SVG timeline of the samples a window's ``stats`` cover (those
-    after ``t_from``, the window's opening sample excluded): each row's
-    headline column, with the window's own peaks in the legend, so the
-    timeline and the summary table beside it give the same figures."""
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """A record's timeline: a PNG of one strip per chart row (its headline
+    column, from 0 to the window's peak), and its legend as a table row."""
+    png: bytes
+    width: int          # CSS pixels (the PNG has twice as many)
+    height: int
+    legend: tuple[str, str]
+
+    def bundle(self) -> tuple[dict, dict]:
+        """(data, metadata) of the picture as its own output."""
+        return ({"image/png": base64.b64encode(self.png).decode("ascii"),
+                 "text/plain": f"nbmon timeline: {self.legend[1]}"},
+                {"image/png": {"width": self.width, "height": self.height}})
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A static record as a notebook keeps it: its table (HTML every viewer
+    shows, and plain text), and its timeline picture (None: too few samples),
+    each its own output."""
+    html: str
+    text: str
+    timeline: Timeline | None
+
+    def table(self) -> Output:
+        return Output({"text/html": self.html, "text/plain": self.text})
+
+    def picture(self) -> Output:
+        """The timeline's output; one transparent pixel where there is no
+        timeline yet (an output that a later update can fill)."""
+        if self.timeline is not None:
+            return Output(*self.timeline.bundle())
+        return Output({"image/png": base64.b64encode(BLANK_PNG).decode("ascii"), "text/plain": ""},
+                      {"image/png": {"width": 1, "height": 1}})
+
+
+_PLACES = {1: ("strip",), 2: ("top", "bottom"), 3: ("top", "middle", "bottom"),
+           4: ("top", "2nd", "3rd", "bottom")}
+
+
+def record_timeline(store, stats, t_from: float = -math.inf) -> Timeline | None:
+    """The timeline of the samples a window's ``stats`` cover (those after
+    ``t_from``, the window's opening sample excluded): each row's headline
+    column on a scale up to the window's own peak, the figure its summary
+    table shows, so the picture and the table agree. None without two samples."""
     if store is None or stats is None or not stats.count:
-        return ""
+        return None
     wanted = [row for row in ROWS if row.headline in store.columns]
     t, _wall, values = store.series([row.headline for row in wanted], t_from=t_from)
     start = int(np.searchsorted(t, t_from, side="right")) if math.isfinite(t_from) else 0
-    t, values = t[start:], {c: v[start:] for c, v in values.items()}
-    t, peaks = bucket_max(t, values, TIMELINE_POINTS)
-    return svg_timeline(t, {row.short: (peaks[row.headline], catalog.unit_of(row.headline),
-                                        _peak(stats, row.headline)) for row in wanted})
+    t = t[start:]
+    if t.size < 2:
+        return None
+    shown, traces = traces_for(store.columns)
+    colors = {}   # a row's colour: its first trace's that is not the machine's
+    for trace in traces:
+        if not trace.style.machine:
+            colors.setdefault(shown[trace.row - 1].key, trace.color)
+    strips, parts = [], []
+    for row in wanted:
+        v = values[row.headline][start:]
+        if not np.isfinite(v).any():
+            continue
+        peak = _peak(stats, row.headline)   # the table's figure, at least what the strip holds
+        top = max(peak, float(np.nanmax(v))) if peak == peak else float(np.nanmax(v))
+        strips.append((v, top if top > 0 else 1.0, colors.get(row.key, PALETTE[0])))
+        parts.append((row.short, fmt(top, catalog.unit_of(row.headline))))
+    if not strips:
+        return None
+    strip_px, gap_px = 24, 6
+    legend = " · ".join(f"{place}: {short} to {peak}" for place, (short, peak) in zip(_PLACES[len(parts)], parts))
+    return Timeline(png_strips(t, strips, width=TIMELINE_PX, strip_px=strip_px, gap_px=gap_px),
+                    TIMELINE_PX, len(strips) * (strip_px + gap_px) - gap_px,
+                    ("Timeline, below", f"{legend} · over {fmt(float(t[-1] - t[0]), 's')}"))
 
 
 def _peak(stats, column: str) -> float:
-    # The exact high-water mark where there is one: the figure the summary table shows.
-    exact = "proc_rss_peak_mb" if column == "proc_rss_mb" else None
-    value = stats.value("max", exact) if exact else math.nan
+    # The high-water mark where the catalog has one (`X_peak_mb` beside `X_mb`):
+    # the figure the summary table shows.
+    exact = column.removesuffix("_mb") + "_peak_mb"
+    value = stats.value("max", exact) if column.endswith("_mb") and exact in stats.columns else math.nan
     return value if value == value else stats.value("max", column)
 

@@ -1,19 +1,23 @@
 """The live dashboard: a plotly FigureWidget fed from a Monitor's store.
 
-The only nbmon module that imports plotly, and only inside functions: the
-first plotly FigureWidget of a process costs seconds (plotly.basewidget
-imports nbformat, jsonschema and, where installed, rfc3987_syntax, which
-builds a grammar), so ``%load_ext nbmon`` warms it in a background thread
-(:func:`warm`) and ``%resmon`` shows the record at once and the chart when
-the widget is ready.
+The only nbmon module that imports plotly, and only inside functions. The
+first plotly FigureWidget of a process cost ~1-2.5 s of GIL-holding imports,
+nearly all of it nbformat -> jsonschema -> rfc3987_syntax (which builds a
+grammar): plotly.io imports nbformat for ``fig.show()``'s mime renderers,
+never for a FigureWidget. :func:`warm` imports plotly with that import
+deferred to nbformat's first use (:func:`_import_plotly`: ~0.1 s instead of
+1.2 s, 24 MiB less here), in a thread started by ``%load_ext nbmon``.
 
-What is displayed is not the widget but its static record (text/html:
-headline figures, summary table, SVG timeline) carrying the widget's id; the
-widget's front end (js/dashboard.js) mounts a live plotly view into it. A
-saved notebook therefore holds plain HTML that shows the figures wherever
-the widget cannot (kernel gone, nbconvert, GitHub), never a "model not
-found". The record is re-sent every :data:`RECORD_EVERY_S` seconds and when
-told (:meth:`Dashboard.update_record`, at each cell's end) to stay current.
+What is displayed is not the widget but its static record: a table (text/html
+that every viewer shows, :mod:`nbmon.render`) carrying the widget's id, and
+the timeline picture as the next output (image/png, :meth:`Dashboard.picture`).
+The widget's front end (js/dashboard.js) mounts a live plotly view into the
+table's output and hides both while it shows. A saved notebook therefore
+holds a record that shows the figures wherever the widget cannot (kernel
+gone, nbconvert, GitHub, an untrusted notebook), never a "model not found";
+it says that a live chart stood there, and as of when. The record is
+re-sent every :data:`RECORD_EVERY_S` seconds and after a cell's end
+(:meth:`Dashboard.cell_ended`, at most every :data:`RECORD_MIN_S`).
 
 Streaming is one-way and incremental: after the widget's first state, a
 daemon thread ``nbmon-live`` sends at most ``refresh_hz`` times a second one
@@ -29,26 +33,30 @@ CLI's ``--html``).
 from __future__ import annotations
 
 import html
+import importlib
+import importlib.util
 import math
-import os
 import pathlib
+import sys
 import threading
 import time
 import uuid
 
 import numpy as np
 
-from .. import catalog
+from .. import catalog, files
 from ..format import fmt
-from ..render import FG, MUTED, html_table
-from .charts import svg_record_timeline, traces_for
+from ..render import html_table, png_img, text_table
+from .charts import ROWS, Record, record_timeline, traces_for
 from .frames import DEFAULT_BUDGET, build_frame, frame_bytes
 
-__all__ = ["Dashboard", "THREAD_NAME", "frame_bytes", "record_html", "warm", "write_html"]
+__all__ = ["Dashboard", "THREAD_NAME", "frame_bytes", "record", "record_html", "warm", "write_html"]
 
 THREAD_NAME = "nbmon-live"
 DEFAULT_REFRESH_HZ = 2.0   # frames a second at most: ~2 KiB/s of websocket traffic at 10 Hz sampling
-RECORD_EVERY_S = 30.0      # the static record is re-sent this often (and at each cell's end)
+RECORD_EVERY_S = 30.0      # the static record is re-sent this often, and after a cell's end...
+RECORD_MIN_S = 2.0         # ...but not more often than this (1,000 quick cells: not 1,000 records)
+MAX_CELLS = 2000           # cell bands held: those the window can show, at most this many
 MARGIN_PX = 110            # title, legend and x axis around the rows
 LOADER = (pathlib.Path(__file__).parent / "static" / "dashboard.js").read_text(encoding="utf-8")
 _EMPTY = np.empty(0, dtype=np.float32)
@@ -74,7 +82,8 @@ def _columns_of(monitor) -> list[str]:
 
 def warm() -> None:
     """Import plotly, make nbmon's FigureWidget class and a first figure
-    (plotly loads its validators on first use): seconds, once per process."""
+    (plotly loads its validators on first use): ~0.2 s, once per process."""
+    _import_plotly()
     _widget_class()
     _figure(catalog.names(catalog.TREE) + catalog.names(catalog.MACHINE), "")
 
@@ -82,6 +91,42 @@ def warm() -> None:
 def ready() -> bool:
     """Whether a FigureWidget can be made now without waiting for imports."""
     return "FigureWidget" in _classes
+
+
+class _Deferred:
+    """Stands for a module until an attribute of it is used, then imports it."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+def _import_plotly() -> None:
+    """Import plotly's FigureWidget; nbformat (for plotly.io's mime
+    renderers, ``fig.show()``) only once plotly uses it. plotly asks for it
+    through ``_plotly_utils.optional_imports``, which skips a name it has
+    seen fail: told so while plotly.io imports, then given a stand-in that
+    imports nbformat on first use. Where plotly works otherwise, or is
+    already imported, this is a plain import."""
+    import _plotly_utils.optional_imports as optional
+
+    skipped = getattr(optional, "_not_importable", None)
+    defer = isinstance(skipped, set) and "nbformat" not in skipped and "nbformat" not in sys.modules \
+        and "plotly.io._renderers" not in sys.modules and importlib.util.find_spec("nbformat") is not None
+    if defer:
+        skipped.add("nbformat")
+    try:
+        import plotly.graph_objects as go
+
+        go.FigureWidget  # noqa: B018  (plotly imports its widget module on first use)
+    finally:
+        if defer:
+            skipped.discard("nbformat")
+            renderers = sys.modules.get("plotly.io._renderers")
+            if renderers is not None and getattr(renderers, "nbformat", False) is None:
+                renderers.nbformat = _Deferred("nbformat")
 
 
 def _widget_class() -> type:
@@ -108,7 +153,8 @@ def _make_widget_class() -> type:
         # What the front end needs from the start, in the widget's first state:
         # bundle (plotly's version), id (of the record to mount into), window
         # (seconds shown), traces ([{index, column, unit}]: the streamed ones),
-        # cells (bands at creation), stale_s (silence that marks it not live).
+        # cells (bands at creation), stale_s (silence that marks it not live),
+        # events (the plotly events the user's code asked for; "nbmon:events" after).
         _nbmon = traitlets.Dict().tag(sync=True)
 
         def __init__(self, figure=None, nbmon: dict | None = None):
@@ -201,44 +247,52 @@ def _figure(columns, x_title: str):
 # -- static records ----------------------------------------------------------------
 
 def headline(latest: dict) -> str:
-    """The figures of a sample (``Store.latest_known``), meter-style:
-    'CPU 3.1 % · RSS 120 MiB', plus GPU where there is one."""
-    parts = [f"CPU {fmt(latest.get('proc_cpu_percent'), catalog.unit_of('proc_cpu_percent'))}",
-             f"RSS {fmt(latest.get('proc_rss_mb'), catalog.unit_of('proc_rss_mb'))}"]
-    if "gpu_util_percent" in latest:
-        parts.append(f"GPU {fmt(latest.get('gpu_util_percent'), catalog.unit_of('gpu_util_percent'))}")
-        parts.append(f"GPU mem {fmt(latest.get('gpu_mem_used_mb'), catalog.unit_of('gpu_mem_used_mb'))}")
-    return " · ".join(parts)
+    """The figures of a sample (``Store.latest_known``), meter-style, one per
+    chart row it has: 'CPU 3.1 % · RSS 120 MiB', plus the GPU's."""
+    return " · ".join(f"{row.short} {fmt(latest.get(row.headline), catalog.unit_of(row.headline))}"
+                      for row in ROWS if row.headline in latest)
 
 
-def record_html(monitor, live_id: str = "", state: str = "") -> str:
+def record(monitor, live_id: str = "", state: str = "") -> Record:
     """Static record of a monitor's current (or last) run: its headline
-    figures, summary table and SVG timeline, both from the same run window;
-    plain HTML, no widget state or JavaScript. ``live_id`` lets a live
-    dashboard's front end mount its chart there; ``state`` ends the headline
-    ("stopped")."""
+    figures and summary table (HTML that every viewer shows, see
+    :mod:`nbmon.render`), and its timeline picture, both from the same run
+    window. ``live_id`` lets a live dashboard's front end mount its chart
+    there, and the headline then says that a live chart stood there and as of
+    when; ``state`` ends the headline instead ("stopped")."""
     store = monitor.store
     window = getattr(monitor, "_run_window", None)
     stats = window.stats() if window is not None else None
     figures = headline(store.latest_known()) if store is not None and len(store) else "no sample yet"
     summary = monitor.summary()
     when = time.strftime("%H:%M:%S", time.localtime(summary.end_time)) if summary.end_time else ""
-    tail = " · ".join(p for p in (state, f"as of {when}" if when else "") if p)
-    line = (f'<div class="nbmon-live-headline" style="font:12px/1.6 system-ui,sans-serif;color:{FG}">'
-            f'<b>nbmon</b> · {html.escape(figures)}'
-            + (f' <span style="color:{MUTED}">· {html.escape(tail)}</span>' if tail else "") + "</div>")
-    timeline = svg_record_timeline(store, stats, stats.t_open if stats is not None else -math.inf)
-    body = html_table("Resource summary", summary.rows(), extra=timeline)
+    if state:
+        tail = " · ".join(p for p in (state, f"as of {when}" if when else "") if p)
+    else:
+        tail = "a live chart stood here" + (f"; its figures as of {when}" if when else "")
+    timeline = record_timeline(store, stats, stats.t_open if stats is not None else -math.inf)
+    rows = summary.rows() + ([timeline.legend] if timeline is not None else [])
+    line = f"nbmon · {figures} · {tail}"
+    body = html_table("Resource summary", rows)
     live = f' data-nbmon-live="{html.escape(live_id)}"' if live_id else ""
-    return (f'<div class="nbmon-live-record"{live}><div class="nbmon-live-static">{line}{body}</div></div>')
+    return Record(f'<div class="nbmon-live-record"{live}><div class="nbmon-live-static">'
+                  f'<div class="nbmon-live-headline"><b>nbmon</b> · {html.escape(figures)} · '
+                  f'{html.escape(tail)}</div>{body}</div></div>',
+                  line + "\n" + text_table("Resource summary", rows), timeline)
+
+
+def record_html(monitor, live_id: str = "", state: str = "") -> str:
+    """The HTML of :func:`record` (its table; the timeline is a separate output)."""
+    return record(monitor, live_id, state).html
 
 
 def write_html(monitor, path, *, title: str | None = None,
-               budget_per_trace: int = 5000, overwrite: bool = True) -> str:
+               budget_per_trace: int = 5000, overwrite: bool = False) -> str:
     """Write a self-contained, offline HTML page of the monitor's run: the
     static record and an interactive plotly chart of the whole run (x in
     seconds since the run started; plotly.js embedded). Returns ``path``.
-    With ``overwrite=False`` an existing file is left alone (FileExistsError)."""
+    An existing name is FileExistsError unless ``overwrite``, which replaces
+    the name, never what a link there points to (:mod:`nbmon.files`)."""
     import plotly.io as pio
 
     fig = _figure(_columns_of(monitor), "seconds since start")
@@ -255,16 +309,14 @@ def write_html(monitor, path, *, title: str | None = None,
     name = title or "nbmon run"
     fig.update_layout(title_text=html.escape(name))
     plot = pio.to_html(fig, include_plotlyjs=True, full_html=False, config={"displaylogo": False})
+    static = record(monitor, state="stopped")
+    picture = png_img(static.timeline.png, static.timeline.width, static.timeline.height) if static.timeline else ""
     page = ('<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
             f'<title>nbmon: {html.escape(name)}</title></head>'
             '<body style="font-family:system-ui,sans-serif;margin:16px">'
             f'<h3 style="margin:0 0 8px">nbmon: {html.escape(name)}</h3>'
-            f'{record_html(monitor)}{plot}</body></html>\n')
-    # O_EXCL unless told: a caller that checked for the file long before
-    # (nbmon run, before its command ran) must not truncate one made since.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if overwrite else os.O_EXCL)
-    with open(os.open(path, flags, 0o666), "w", encoding="utf-8") as f:  # the user's umask applies
-        f.write(page)
+            f'{static.html}{picture}{plot}</body></html>\n')
+    files.write_text(path, page, overwrite=overwrite)
     return path
 
 
@@ -306,7 +358,8 @@ class Dashboard:
         self.budget_per_trace = budget_per_trace
         self.cells = cells if cells is not None else []
         self.live_id = uuid.uuid4().hex
-        self.handle = None          # the display handle of the record, set by whoever displays it
+        self.handle = None          # the display handles of the record's table and picture,
+        self.picture_handle = None  # set by whoever displays them (:meth:`picture`)
         self.refreshes = 0          # frames sent to the widget
         self.skipped = 0            # refreshes with nothing new
         self.errors = 0             # exceptions caught in the refresher thread
@@ -321,7 +374,10 @@ class Dashboard:
         self._t0 = math.nan
         self._t_last = -math.inf
         self._sent_cells: dict = {}
+        self._events: tuple = ()    # plotly events the user's code asked for (sent to the front end)
         self._recorded = time.monotonic()
+        self._record_due = False    # a cell ended since the record was last sent
+        self._shown: Record | None = None   # the record last displayed
         self._shown_empty = False   # the record displayed had no sample yet
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -351,6 +407,7 @@ class Dashboard:
             stale_s = max(5.0, 3 * self.monitor.interval + 2 / self.refresh_hz)
             self.widget = _widget_class()(fig, nbmon={
                 "id": self.live_id, "window": self.window_s, "cells": self._cell_updates(), "stale_s": stale_s,
+                "events": [],
                 "traces": [{"index": k, "column": c, "unit": catalog.unit_of(c)} for k, c in zip(traces, self.columns)]})
 
     def _attach(self, store) -> None:
@@ -368,17 +425,42 @@ class Dashboard:
         return text + " · stopped" if self.frozen else text
 
     def _cell_updates(self) -> list[dict]:
-        """Cells new or changed since last sent, with times as chart x."""
+        """Cells new or changed since last sent, with times as chart x; none
+        that ended before the window (the front end drops those too)."""
         out = []
         t0 = self._t0 if self._t0 == self._t0 else 0.0
+        oldest = self._t_last - self.window_s
+        sent, self._sent_cells = self._sent_cells, {}
         for cell in list(self.cells):
-            key = (cell.get("n"), cell.get("t1"), cell.get("label"))
-            if self._sent_cells.get(cell["id"]) == key:
+            t1 = cell.get("t1")
+            if t1 is not None and t1 < oldest:
                 continue
+            key = (cell.get("n"), t1, cell.get("label"))
             self._sent_cells[cell["id"]] = key
-            out.append({"id": cell["id"], "n": cell.get("n"), "label": cell.get("label", ""),
-                        "t0": cell["t0"] - t0, "t1": None if cell.get("t1") is None else cell["t1"] - t0})
+            if sent.get(cell["id"]) != key:
+                out.append({"id": cell["id"], "n": cell.get("n"), "label": cell.get("label", ""),
+                            "t0": cell["t0"] - t0, "t1": None if t1 is None else t1 - t0})
         return out
+
+    def _asked_events(self) -> tuple:
+        """The plotly events the user's code registered callbacks for on the
+        widget (``trace.on_hover``, ``layout.on_change``, ...): the front end
+        sends those, and only those, back to the kernel."""
+        asked = set()
+        for trace in self.widget.data:
+            for kind in ("hover", "unhover", "click", "select", "deselect"):
+                if getattr(trace, f"_{kind}_callbacks", None):
+                    asked.add(kind)
+            if trace._change_callbacks:
+                asked.add("restyle")
+        pending = [self.widget.layout]
+        while pending and "relayout" not in asked:
+            obj = pending.pop()
+            if obj._change_callbacks:
+                asked.add("relayout")
+            pending.extend(obj._compound_props.values())
+            pending.extend(child for children in obj._compound_array_props.values() for child in children)
+        return tuple(sorted(asked))
 
     # -- refreshing --------------------------------------------------------
     def refresh(self, force: bool = False) -> bool:
@@ -395,6 +477,10 @@ class Dashboard:
             fresh = t > self._t_last   # a sample already in the first state is not sent again
             cells = self._cell_updates()
             self._seq = seq
+            events = self._asked_events()
+            if events != self._events:
+                self._events = events
+                self.widget.send({"type": "nbmon:events", "events": list(events)})
             if not fresh.any() and not cells and not force:
                 self.skipped += 1
                 return False
@@ -452,7 +538,9 @@ class Dashboard:
             running = bool(self.monitor.running)
             seen_running = seen_running or running
             self._counted(self.refresh)
-            if began - self._recorded >= RECORD_EVERY_S or (self._shown_empty and self._sampled()):
+            since = began - self._recorded
+            if since >= RECORD_EVERY_S or (self._record_due and since >= RECORD_MIN_S) \
+                    or (self._shown_empty and self._sampled()):
                 self._counted(self.update_record)
             if seen_running and not running:
                 # A sample taken just as the monitor stopped can land after the
@@ -479,36 +567,59 @@ class Dashboard:
         return True
 
     # -- static record -----------------------------------------------------
+    def _record(self) -> Record:
+        self._shown = record(self.monitor, "" if self.frozen else self.live_id,
+                             "stopped" if self.frozen else "")
+        return self._shown
+
+    def picture(self):
+        """The record's timeline picture, to display (with a display id) as
+        the output after the record's table; the front end hides it while
+        the live chart shows."""
+        return (self._shown or self._record()).picture()
+
     def update_record(self) -> None:
         """Re-send the displayed record with the figures so far (a no-op
         until it has been displayed through a handle)."""
-        self._recorded = time.monotonic()
+        self._recorded, self._record_due = time.monotonic(), False
         if self.handle is not None and not self.frozen:
-            self.handle.update(self)
+            self._shown_empty = not self._sampled()
+            shown = self._record()
+            self.handle.update(shown.table())
+            if self.picture_handle is not None:
+                self.picture_handle.update(shown.picture())
 
-    def freeze(self, timeout: float = 1.0) -> str:
+    def cell_ended(self) -> None:
+        """A cell ended: re-send the record now, or once :data:`RECORD_MIN_S`
+        have passed since the last (the refresher thread then sends it)."""
+        if time.monotonic() - self._recorded >= RECORD_MIN_S or not self.running:
+            self.update_record()
+        else:
+            self._record_due = True
+
+    def freeze(self, timeout: float = 1.0) -> Record:
         """Stop refreshing, send the last samples, and return the run's
         final static record (no widget state needed)."""
         self.stop(timeout)
         self.frozen = True
         self._counted(lambda: self.refresh(force=True))
-        return self.static_html()
+        return self._record()
 
-    def static_html(self) -> str:
-        """The static record of the run, as a saved notebook keeps it."""
-        return record_html(self.monitor, state="stopped" if self.frozen else "")
-
-    def close(self) -> str:
-        """Freeze, then close the widget's comm; returns the static HTML."""
-        record = self.freeze()
+    def close(self) -> Record:
+        """Freeze, then close the widget's comm; returns the static record."""
+        final = self.freeze()
         if self.widget is not None:
             # Said first, so that the front end does not mark the chart "disconnected".
             self._counted(lambda: self.widget.send({"type": "nbmon:stopped"}))
             self.widget.close()
-        return record
+        return final
 
     def _repr_mimebundle_(self, **kwargs):
         self._shown_empty = not self._sampled()
-        return {"text/html": record_html(self.monitor, self.live_id),
-                "text/plain": f"nbmon live dashboard ({headline(self._latest())})"}
+        return self._record().table()._repr_mimebundle_()
 
+
+def keep_cells(cells: list, now: float, window_s: float) -> None:
+    """Drop, in place, the cell bands no window of ``window_s`` seconds up to
+    ``now`` can show (ended before it), then the oldest beyond :data:`MAX_CELLS`."""
+    cells[:] = [c for c in cells if c.get("t1") is None or c["t1"] >= now - window_s][-MAX_CELLS:]

@@ -77,23 +77,6 @@ def minmax_indices(values: np.ndarray, budget: int) -> np.ndarray | None:
     return out
 
 
-def bucket_max(t, series: Mapping[str, np.ndarray], points: int):
-    """Shared-time reduction for static charts: ``(t_out, {name: max})`` with
-    at most ``points`` buckets, each at its first sample's time and holding
-    the bucket's NaN-ignoring maximum (NaN when all NaN). Unchanged (copies
-    as float64) when there are at most ``points`` samples."""
-    t = np.asarray(t, dtype=np.float64)
-    n = t.shape[0]
-    if n <= points:
-        return t, {k: np.asarray(v, dtype=np.float64) for k, v in series.items()}
-    edges = np.arange(0, n, -(-n // points))
-    out = {}
-    with np.errstate(all="ignore"):
-        for k, v in series.items():
-            out[k] = np.fmax.reduceat(np.asarray(v, dtype=np.float64), edges)
-    return t[edges], out
-
-
 def build_frame(store, columns: Sequence[str], window_s: float,
                 budget_per_trace: int = DEFAULT_BUDGET, *, max_bytes: int = MAX_FRAME_BYTES,
                 origin: float | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:

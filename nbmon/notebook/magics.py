@@ -6,6 +6,7 @@ the main thread; background threads only set traits.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import sys
 import threading
@@ -19,7 +20,7 @@ from IPython.display import HTML, display
 from .. import dask as nbmon_dask
 from ..options import BACKENDS, DEFAULT_INTERVAL_S, Options, check_interval
 from . import kernel_watch
-from .session import SESSION, cell_html, one_line
+from .session import SESSION, cell_record, one_line
 
 SUBCOMMANDS = ("start", "stop", "status", "summary", "auto")
 # The live dashboard runs for long: a helper process keeps its timeline whole
@@ -83,7 +84,7 @@ def _unquote(text: str) -> str:
 class ResmonMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
-        self.dashboards: list = []   # (Dashboard, display handle)
+        self.dashboards: list = []   # (Dashboard, display handles of its table and picture)
         self.cluster_views: list = []   # (nbmon.notebook.cluster.ClusterView, display handle)
         self.cells: list[dict] = []   # cell executions while a dashboard shows: its bands
         self.auto_threshold_s: float | None = None
@@ -172,24 +173,31 @@ class ResmonMagics(Magics):
         monitor, made = SESSION.ensure_monitor(options, start=False)
         dashboard = live.Dashboard(monitor, window_s=window, cells=self.cells, build=False, start=False)
         handle = display(dashboard, display_id=True)
+        picture = display(dashboard.picture(), display_id=True)   # the timeline: an output of its own
         # A terminal prints every display update anew, from whichever thread
         # sends it: there the record is shown once, and replaced at stop only.
-        dashboard.handle = handle if getattr(self.shell, "kernel", None) is not None else None
+        if getattr(self.shell, "kernel", None) is not None:
+            dashboard.handle, dashboard.picture_handle = handle, picture
         if made:
+            warmed_up()   # %load_ext and %resmon in one cell: the run starts after nbmon's own imports
             monitor.start()
         dashboard.start()
         if not self.dashboards:
             self.shell.events.register("pre_run_cell", self._cell_started)
             self.shell.events.register("post_run_cell", self._cell_finished)
-        self.dashboards.append((dashboard, handle))
+        self.dashboards.append((dashboard, handle, picture))
 
     def _cell_started(self, info) -> None:
         monitor = SESSION.monitor
         if monitor is None:
             return
         first = next((line.strip() for line in (info.raw_cell or "").splitlines() if line.strip()), "")
+        from .dashboard import keep_cells
+
+        now = monitor.clock()
+        keep_cells(self.cells, now, max(d.window_s for d, *_ in self.dashboards))
         self.cells.append({"id": uuid.uuid4().hex[:12], "n": self.shell.execution_count,
-                           "label": first[:60], "t0": monitor.clock(), "t1": None})
+                           "label": first[:60], "t0": now, "t1": None})
 
     def _cell_finished(self, result) -> None:
         monitor = SESSION.monitor
@@ -200,20 +208,21 @@ class ResmonMagics(Magics):
             labelled = [r for r in SESSION.records[-1:] if r["label"] and r["t_open"] >= cell["t0"]]
             if labelled:
                 cell["label"] = labelled[0]["label"]
-        for dashboard, _ in self.dashboards:
-            dashboard.update_record()
+        for dashboard, *_ in self.dashboards:
+            dashboard.cell_ended()
 
     def stop(self) -> None:
         """Stop monitoring; each dashboard is replaced by its static record."""
         self._auto("off", quiet=True)
         summary = SESSION.stop()
         self._unwatch_cluster()
-        for dashboard, handle in self.dashboards:
+        for dashboard, handle, picture in self.dashboards:
             # close(), not just freeze(): the static record replaces the chart,
             # and an open widget would stay in ipywidgets' registry for good.
-            record = dashboard.close()
+            final = dashboard.close()
             if handle is not None:
-                handle.update(HTML(record))
+                handle.update(final.table())
+                picture.update(final.picture())
         if self.dashboards:
             self.shell.events.unregister("pre_run_cell", self._cell_started)
             self.shell.events.unregister("post_run_cell", self._cell_finished)
@@ -292,11 +301,14 @@ class ResmonMagics(Magics):
     def _show_cell(self, record, handle, quiet) -> None:
         if quiet:
             return
-        html = HTML(cell_html(record, SESSION.monitor) + nbmon_dask.cell_html(record))
+        shown = cell_record(record, SESSION.monitor)
+        table = dataclasses.replace(shown, html=shown.html + nbmon_dask.cell_html(record)).table()
         if handle is not None:
-            handle.update(html)  # the static record replaces the live meter in the saved notebook
+            handle.update(table)  # the static record replaces the live meter in the saved notebook
         else:
-            display(html)
+            display(table)
+        if shown.timeline is not None:
+            display(shown.picture())
 
     def _execute(self, cell: str, number: int):
         """Run the cell in the user namespace; return its last expression's value."""
@@ -387,12 +399,31 @@ def load(ipython) -> None:
     ipython.register_magics(magics)
     _loaded[id(ipython)] = magics
     kernel_watch.install(ipython, display)  # the post-mortem of this notebook's last kernel, if it died
-    # The first plotly FigureWidget costs seconds of imports: pay them now,
-    # in the background, not when %resmon is typed.
+    # The first plotly FigureWidget costs imports (~0.2 s): paid now, in the
+    # background, not when %resmon is typed; and before the next cell runs,
+    # so that nbmon's start-up is in no cell's figures (nor slows one down).
     from . import dashboard
 
     if not dashboard.ready():
-        threading.Thread(target=_warm, args=(dashboard,), name="nbmon-warmup", daemon=True).start()
+        _warming.append(threading.Thread(target=_warm, args=(dashboard,), name="nbmon-warmup", daemon=True))
+        _warming[-1].start()
+
+        def warmed(info=None) -> None:
+            warmed_up()
+            ipython.events.unregister("pre_run_cell", warmed)
+
+        ipython.events.register("pre_run_cell", warmed)
+
+
+_warming: list[threading.Thread] = []   # the warm-up started by load(), while it may run
+WARM_WAIT_S = 30.0   # a cell waits at most this long for it (an import that hangs never hangs a cell)
+
+
+def warmed_up() -> None:
+    """Wait (bounded) until the warm-up has ended."""
+    while _warming:
+        _warming[0].join(WARM_WAIT_S)
+        _warming.pop(0)
 
 
 def _warm(dashboard) -> None:

@@ -9,14 +9,14 @@ from contextlib import contextmanager
 from ..format import fmt
 from ..engine import Monitor
 from ..options import Options
-from ..render import html_table
+from ..render import html_table, text_table
 from ..summary import ResourceSummary
 from ..tables import history_frame, samples_frame
-from .charts import svg_record_timeline
+from .charts import Record, record_timeline
+from .kernel_watch import WATCH
 
 
 MAX_RECORDS = 10_000   # cells the history keeps: the oldest go first
-from .kernel_watch import WATCH
 
 
 class Session:
@@ -127,17 +127,19 @@ def last_summary() -> ResourceSummary | None:
     return SESSION.last
 
 
-def cell_html(record: dict, monitor: Monitor | None) -> str:
-    """The static record of one cell: summary table plus SVG timeline."""
+def cell_record(record: dict, monitor: Monitor | None) -> Record:
+    """The static record of one cell: its summary table, the timeline's
+    legend in it, and the timeline picture (None for fewer than two samples)."""
     s: ResourceSummary = record["summary"]
     status = record["status"]
     title = "nbmon" + (f" · {record['label']}" if record["label"] else "")
     if status != "ok":
         title += f" · {status}"
-    timeline = ""
+    timeline = None
     if monitor is not None and s.num_samples > 1:
-        timeline = svg_record_timeline(monitor.store, record["stats"], record["t_open"])
-    return html_table(title, s.rows(), status=status, extra=timeline)
+        timeline = record_timeline(monitor.store, record["stats"], record["t_open"])
+    rows = s.rows() + ([timeline.legend] if timeline is not None else [])
+    return Record(html_table(title, rows, status=status), text_table(title, rows), timeline)
 
 
 def one_line(record: dict) -> str:

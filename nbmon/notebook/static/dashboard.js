@@ -118,46 +118,101 @@ function barFraction(value, max) {
 //   * plotly's view answers every update with _js2py_traceDeltas and
 //     _js2py_layoutDelta, echoes of what the kernel has just sent, each one a
 //     message to the kernel and two kernel status messages. They are dropped
-//     (the kernel never needs them: it knows what it sent). User actions
-//     (zoom, legend clicks) still reach the kernel as plotly sends them.
+//     (the kernel never needs them: it knows what it sent). Hover, click,
+//     selection, zoom, pan, legend clicks and resizes reach the kernel only
+//     where the user's code asked for them (a callback on the widget: the
+//     kernel sends the list, "nbmon:events").
 //   * New samples do not travel as plotly trait updates (whole arrays, twice
 //     per frame) but as one custom message per frame holding only the new
 //     points ("nbmon:append": x float64, one float32 y per live trace, the
-//     title, changed cell bands). They are appended to the model's
-//     _widget_data in place (never model.set: nothing to send back), so any
-//     view made later starts from the current data, and redrawn with
-//     Plotly.react, only while the view is on screen and the tab visible.
+//     title, changed cell bands). Nothing is sent back.
 //
-// Where it shows: the kernel displays a static record (text/html: summary and
-// SVG timeline) with data-nbmon-live="<id>", and no widget view. When this
-// model lives in the page it mounts a plotly view into that record and hides
-// the static part; when it does not (kernel gone, nbconvert, GitHub, a saved
-// notebook reopened) the record is all there is, and it shows the figures.
-// The kernel re-sends the record now and then to keep it current; the view
-// is moved into the new copy, not redrawn. Displaying the widget itself
-// (display(dashboard.widget)) also works: render() below.
+// The cost of a view stays flat whatever the chart's age and the cells run:
+//   * the points of the window are held per trace (Series: bounded, older
+//     points merged into min/max pairs past MAX_HELD), hover texts formatted
+//     once, as points arrive;
+//   * a redraw draws at most one point per pixel of the plot's width: the
+//     lowest and highest of every two-pixel column (decimate(): a one-sample
+//     spike keeps its sample), only the visible range;
+//   * cell bands only inside the visible range, and neighbours closer than
+//     MERGE_PX merged into one band (bandGroups()), labelled where the label
+//     does not run into the next band's;
+//   * nothing is redrawn unless something would move by a pixel (the x range,
+//     a point, a band, the theme, the size: signature()); the title, which
+//     changes with every frame, is set as text;
+//   * one observer, one theme watcher and one visibility listener per page,
+//     for every dashboard in it; every listener is removed with its view.
+//
+// Where it shows: the kernel displays a static record (a text/html table with
+// data-nbmon-live="<id>", then its timeline as an image/png output), and no
+// widget view. When this model lives in the page it mounts a plotly view
+// into that record and hides the static table and picture; when it does not
+// (kernel gone, nbconvert, GitHub, a saved notebook reopened) the record is
+// all there is, and it shows the figures. The kernel re-sends the record now
+// and then to keep it current; the view is moved into the new copy, not
+// redrawn. Displaying the widget itself (display(dashboard.widget)) also
+// works: render() below.
 //
 // Built into nbmon/notebook/static/dashboard.js by js/build.mjs, which
 // inlines format.js.
 
 
-const STYLE_ID = "nbmon-live-style";
+const STYLE_ID = "nbmon-live-style-2";
 const CSS = `
 .nbmon-live-record.nbmon-live-mounted > .nbmon-live-static { display: none; }
+.jp-OutputArea-child:has(.nbmon-live-record.nbmon-live-mounted) + .jp-OutputArea-child:has(.jp-RenderedImage) {
+  display: none;
+}
 .nbmon-live-view { width: 100%; min-width: 0; }
 .nbmon-live-record.nbmon-live-stale > .nbmon-live-view { opacity: 0.45; }
 .nbmon-live-note {
   font: 12px var(--jp-ui-font-family, system-ui, sans-serif);
-  color: var(--jp-warn-color0, #b26b00);
+  color: var(--jp-ui-font-color1, #222);
+  border-left: 3px solid var(--jp-warn-color0, #b26b00);
+  padding-left: 6px;
   margin: 2px 0 4px;
 }
 `;
 
+export const MAX_HELD = 20000;  // points held per trace; past it, the oldest half merges into min/max pairs
+const BUCKET_PX = 2;            // a redraw's column width: its lowest and highest point
+export const MERGE_PX = 6;      // bands closer than this merge, and none is drawn narrower than 1 px
+const LABEL_PX_PER_CHAR = 6.5;  // a band label's width at 10 px, to show only labels that fit
+const MIN_CONTRAST = 5.0;       // text against what is behind it (WCAG AA asks 4.5)
 const SIZE_KEYS = new Set(["width", "height", "autosize"]);
+const MODEBAR_REMOVE = ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d",
+  "hoverClosestCartesian", "hoverCompareCartesian", "toggleSpikelines"];
+const MODEBAR_PX = 4 * 28;      // what is left of it: zoom, pan, reset, download
+const TITLE_PX = 24;            // a title line (14 px font)
 // Bundles of the page, shared by its dashboards: version -> {promise, done, asked}.
 const BUNDLES = (globalThis.__nbmonPlotlyBundles ??= new Map());
-// Live dashboards of the page by their record id, for render().
-const LIVE = (globalThis.__nbmonLive ??= new Map());
+
+// -- one set of page-wide watchers for every dashboard ----------------------------
+
+const PAGE = (globalThis.__nbmonPage ??= { lives: new Map(), started: false });
+
+function watchPage() {
+  if (PAGE.started) return;
+  PAGE.started = true;
+  // Records appear (and are re-rendered by the kernel's updates) anywhere in
+  // the page: look for them when one is added, never for a plot's own changes.
+  new MutationObserver((records) => {
+    for (const r of records) {
+      for (const node of r.addedNodes) {
+        if (node.nodeType === 1 && (node.matches(".nbmon-live-record") || node.querySelector(".nbmon-live-record"))) {
+          for (const live of PAGE.lives.values()) live.scan();
+          return;
+        }
+      }
+    }
+  }).observe(document.body, { childList: true, subtree: true });
+  new MutationObserver(() => {
+    for (const live of PAGE.lives.values()) live.themeChanged();
+  }).observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light", "data-jp-theme-name"] });
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden) for (const live of PAGE.lives.values()) live.drawAll();
+  });
+}
 
 function installStyle() {
   if (document.getElementById(STYLE_ID)) return;
@@ -197,6 +252,13 @@ function loadBundle(model) {
   return entry.promise;
 }
 
+// plotly's view methods that send a user's action to the kernel, and the
+// event a callback in the kernel asks for to receive it.
+const FORWARDED = {
+  handle_plotly_hover: "hover", handle_plotly_unhover: "unhover", handle_plotly_click: "click",
+  handle_plotly_selected: "select", handle_plotly_deselect: "deselect", handle_plotly_restyle: "restyle",
+};
+
 async function importBundle(bytes) {
   const url = URL.createObjectURL(new Blob([bytes], { type: "text/javascript" }));
   try {
@@ -206,11 +268,22 @@ async function importBundle(bytes) {
     // copy), so plotly's own FigureWidgets keep theirs.
     view._sendTraceDeltas = () => {};
     view._sendLayoutDelta = () => {};
-    // A new size follows the page, not the user: no message for it either.
+    const asked = (self, kind) => PAGE.lives.get(self.model.get("_nbmon")?.id)?.events.has(kind);
+    for (const [method, kind] of Object.entries(FORWARDED)) {
+      const original = view[method];
+      view[method] = function (event) {
+        if (asked(this, kind)) original.call(this, event);
+      };
+    }
     const relayout = view.handle_plotly_relayout;
     view.handle_plotly_relayout = function (change) {
-      if (change && Object.keys(change).every((k) => SIZE_KEYS.has(k))) return;
+      // A new size follows the page, not the user: never a message for it.
+      if (!asked(this, "relayout") || (change && Object.keys(change).every((k) => SIZE_KEYS.has(k)))) return;
       relayout.call(this, change);
+    };
+    const update = view.handle_plotly_update;
+    view.handle_plotly_update = function (change) {
+      if (asked(this, "relayout") || asked(this, "restyle")) update.call(this, change);
     };
     return { mod, Plotly: globalThis.Plotly };
   } finally {
@@ -232,35 +305,256 @@ export function typed(value) {
   return new Type(view.buffer, view.byteOffset, view.byteLength / Type.BYTES_PER_ELEMENT);
 }
 
-function shipped(array) {
-  // A fresh array at offset 0: plotly's deserializer reads value.buffer whole.
-  const own = array.byteOffset === 0 && array.buffer.byteLength === array.byteLength ? array : array.slice();
-  return { dtype: own instanceof Float32Array ? "float32" : "float64", shape: [own.length], value: own };
-}
-
 function bufferOf(dataView, Type) {
   return new Type(dataView.buffer.slice(dataView.byteOffset, dataView.byteOffset + dataView.byteLength));
 }
 
-// old + new, without the points older than `window` before the newest x.
-export function appendWindow(oldX, oldY, newX, newY, window) {
-  const n = oldX.length + newX.length;
-  const x = new Float64Array(n);
-  x.set(oldX);
-  x.set(newX, oldX.length);
-  const y = new Float32Array(n);
-  y.set(oldY);
-  y.set(newY, oldY.length);
-  const cut = n ? x[n - 1] - window : 0;
-  let from = 0;
-  while (from < n - 1 && x[from] < cut) from += 1;
-  return { x: x.subarray(from), y: y.subarray(from), dropped: from };
+// -- what a view holds and draws -------------------------------------------------
+
+/** The points of one trace in the window, with their hover texts. */
+export class Series {
+  constructor(unit, capacity = MAX_HELD) {
+    this.unit = unit;
+    this.capacity = capacity;
+    this.x = new Float64Array(capacity);
+    this.y = new Float32Array(capacity);
+    this.text = new Array(capacity);
+    this.start = 0;
+    this.end = 0;
+  }
+
+  get length() {
+    return this.end - this.start;
+  }
+
+  get first() {
+    return this.length ? this.x[this.start] : NaN;
+  }
+
+  get last() {
+    return this.length ? this.x[this.end - 1] : NaN;
+  }
+
+  /** Append points (x ascending), formatting each one's hover text once. */
+  push(xs, ys) {
+    for (let i = 0; i < xs.length; i++) {
+      if (this.end === this.capacity) this.makeRoom();
+      this.x[this.end] = xs[i];
+      this.y[this.end] = ys[i];
+      this.text[this.end] = fmt(ys[i], this.unit);
+      this.end += 1;
+    }
+  }
+
+  /** Drop the points before ``x`` (the oldest one that the window shows stays first). */
+  trim(x) {
+    while (this.start < this.end - 1 && this.x[this.start] < x) this.start += 1;
+  }
+
+  makeRoom() {
+    if (this.length >= this.capacity / 2) {
+      // Full: the older half becomes one min/max pair per four points (every extreme stays).
+      const half = this.start + (this.length >> 1);
+      let w = this.start;   // never ahead of what is read: two written per four read
+      for (let i = this.start; i < half; i += 4) {
+        let lo = i, hi = i;
+        for (let j = i + 1; j < Math.min(i + 4, half); j++) {
+          if (this.y[j] < this.y[lo]) lo = j;
+          if (this.y[j] > this.y[hi]) hi = j;
+        }
+        const [a, b] = lo <= hi ? [lo, hi] : [hi, lo];
+        this.copy(a, w++);
+        if (b !== a) this.copy(b, w++);
+      }
+      this.move(half, this.end, w);
+      this.end = w + (this.end - half);
+    }
+    this.move(this.start, this.end, 0);
+    this.end -= this.start;
+    this.start = 0;
+  }
+
+  copy(from, to) {
+    this.x[to] = this.x[from];
+    this.y[to] = this.y[from];
+    this.text[to] = this.text[from];
+  }
+
+  move(from, to, at) {
+    if (from === at) return;
+    this.x.copyWithin(at, from, to);
+    this.y.copyWithin(at, from, to);
+    for (let i = 0; i < to - from; i++) this.text[at + i] = this.text[from + i];
+  }
+
+  /** Index of the first point with x >= t (binary search). */
+  index(t) {
+    let lo = this.start, hi = this.end;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (this.x[mid] < t) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
 }
 
-function themeColor() {
-  const css = getComputedStyle(document.body);
-  return css.getPropertyValue("--jp-ui-font-color1").trim() || "#444";
+/**
+ * The points of ``series`` between x0 and x1 to draw on ``columns`` columns:
+ * all of them when they are fewer than two per column, else each column's
+ * lowest and highest point, in time order (NaN skipped). ``edges`` adds the
+ * point just outside each end, so that a line reaches a range fixed by a zoom.
+ */
+export function decimate(series, x0, x1, columns, edges = false) {
+  let from = series.index(x0);
+  let to = series.index(x1);
+  while (to < series.end && series.x[to] <= x1) to += 1;
+  if (edges) {
+    from = Math.max(series.start, from - 1);
+    to = Math.min(series.end, to + 1);
+  }
+  const pick = [];
+  if (to - from <= 2 * columns) {
+    for (let i = from; i < to; i++) pick.push(i);
+  } else {
+    const scale = columns / (x1 - x0 || 1);
+    let column = -1, lo = -1, hi = -1;
+    const flush = () => {
+      if (lo < 0) return;
+      if (lo === hi) pick.push(lo);
+      else pick.push(Math.min(lo, hi), Math.max(lo, hi));
+    };
+    for (let i = from; i < to; i++) {
+      const c = Math.floor((series.x[i] - x0) * scale);
+      if (c !== column) {
+        flush();
+        column = c;
+        lo = hi = -1;
+      }
+      const v = series.y[i];
+      if (Number.isNaN(v)) continue;
+      if (lo < 0 || v < series.y[lo]) lo = i;
+      if (hi < 0 || v > series.y[hi]) hi = i;
+    }
+    flush();
+  }
+  const x = new Float64Array(pick.length);
+  const y = new Float32Array(pick.length);
+  const text = new Array(pick.length);
+  pick.forEach((i, k) => {
+    x[k] = series.x[i];
+    y[k] = series.y[i];
+    text[k] = series.text[i];
+  });
+  return { x, y, text };
 }
+
+/**
+ * The cell bands to draw between x0 and x1 at ``pxPerS`` pixels a second:
+ * clipped to the range, at least 1 px wide, and neighbours closer than
+ * MERGE_PX merged while one of them is narrower than MERGE_PX (a thousand
+ * quick cells: one band). ``cells`` are sorted by t0; a running cell (t1
+ * null) ends at ``end``.
+ */
+export function bandGroups(cells, x0, x1, pxPerS, end) {
+  const groups = [];
+  for (const cell of cells) {
+    const t1 = cell.t1 ?? end;
+    if (t1 < x0 || cell.t0 > x1 || t1 < cell.t0) continue;
+    const a = Math.max(cell.t0, x0);
+    const b = Math.min(Math.max(t1, a + 1 / pxPerS), x1);
+    const last = groups[groups.length - 1];
+    const narrow = (b - a) * pxPerS < MERGE_PX;
+    if (last && (a - last.b) * pxPerS < MERGE_PX && (narrow || (last.b - last.a) * pxPerS < MERGE_PX)) {
+      last.b = Math.max(last.b, b);
+      last.cells.push(cell);
+    } else {
+      groups.push({ a, b, cells: [cell] });
+    }
+  }
+  return groups;
+}
+
+function prompt(cell) {
+  return `[${cell.n ?? " "}]`;
+}
+
+/** A band's label ("[7]", "[12]–[40]") and hover text. */
+export function describe(group) {
+  const { cells } = group;
+  const first = cells[0], last = cells[cells.length - 1];
+  if (cells.length === 1) {
+    const took = first.t1 == null ? "running" : fmt(first.t1 - first.t0, "s");
+    return { label: prompt(first), hover: `In ${prompt(first)} ${first.label || ""} · ${took}` };
+  }
+  const busy = cells.reduce((sum, c) => sum + ((c.t1 ?? c.t0) - c.t0), 0);
+  const label = `${prompt(first)}–${prompt(last)}`;
+  return { label, hover: `In ${label} · ${cells.length} cells · ${fmt(busy, "s")}` };
+}
+
+// -- colours that read in any theme ----------------------------------------------
+
+export function parseColor(text) {
+  const m = /rgba?\(([^)]+)\)/.exec(text || "");
+  if (m) {
+    const [r, g, b, a = 1] = m[1].split(/[ ,/]+/).filter(Boolean).map(Number);
+    return [r, g, b, a];
+  }
+  const hex = /^#([0-9a-f]{3}|[0-9a-f]{6})$/i.exec((text || "").trim());
+  if (!hex) return null;
+  const h = hex[1].length === 3 ? [...hex[1]].map((c) => c + c).join("") : hex[1];
+  return [0, 2, 4].map((i) => parseInt(h.slice(i, i + 2), 16)).concat(1);
+}
+
+/** ``color`` (with its alpha) over the opaque ``under``. */
+export function over(color, under) {
+  const a = color[3] ?? 1;
+  return [0, 1, 2].map((i) => color[i] * a + under[i] * (1 - a)).concat(1);
+}
+
+function luminance([r, g, b]) {
+  const lin = (c) => ((c /= 255) <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4);
+  return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
+}
+
+/** WCAG contrast ratio of two opaque colours. */
+export function contrast(a, b) {
+  const [hi, lo] = [luminance(a), luminance(b)].sort((p, q) => q - p);
+  return (hi + 0.05) / (lo + 0.05);
+}
+
+/** As muted as ``fg`` can be made towards ``bg`` and still read: contrast >= MIN_CONTRAST. */
+export function muted(fg, bg) {
+  let best = fg;
+  for (let t = 0.05; t <= 0.6; t += 0.05) {
+    const mix = [0, 1, 2].map((i) => fg[i] * (1 - t) + bg[i] * t).concat(1);
+    if (contrast(mix, bg) < MIN_CONTRAST) break;
+    best = mix;
+  }
+  return best;
+}
+
+const css = (c) => `rgb(${c.slice(0, 3).map((v) => Math.round(v)).join(", ")})`;
+
+/** The opaque colour behind ``el``: the first ancestor's that has one, else white. */
+function background(el) {
+  for (let node = el; node && node.nodeType === 1; node = node.parentElement) {
+    const c = parseColor(getComputedStyle(node).backgroundColor);
+    if (c && c[3] > 0) return over(c, [255, 255, 255, 1]);
+  }
+  return [255, 255, 255, 1];
+}
+
+const BAND_FILL = [128, 128, 128, 0.1];
+
+function themeOf(el) {
+  const bg = background(el);
+  const fg = over(parseColor(getComputedStyle(el).color) || [34, 34, 34, 1], bg);
+  const band = over(BAND_FILL, bg);
+  return { bg: css(bg), fg: css(fg), band: css(muted(fg, band)), grid: css(over([128, 128, 128, 0.5], bg)) };
+}
+
+// -- the live model -------------------------------------------------------------
 
 class Live {
   constructor(model) {
@@ -269,12 +563,19 @@ class Live {
     this.id = this.nbmon.id;
     this.views = new Map(); // root element -> view
     this.cells = new Map(); // cell id -> {n, label, t0, t1}
+    this.events = new Set(this.nbmon.events || []);
     this.stopped = false;
     this.disposed = false;
-    this.revision = 0;
     this.onMessage = (msg, buffers) => this.message(msg, buffers);
     model.on("msg:custom", this.onMessage);
+    this.edits = 0;   // changes the kernel made to the figure (update_layout, ...): a redraw shows them
+    this.onEdit = () => {
+      this.edits += 1;
+      this.drawAll();
+    };
+    model.on("change", this.onEdit);
     for (const cell of this.nbmon.cells || []) this.cells.set(cell.id, cell);
+    this.sortCells();
     this.ready = loadBundle(model).then(({ mod, Plotly }) => {
       if (this.disposed) return;
       this.Plotly = Plotly;
@@ -282,23 +583,46 @@ class Live {
       this.plotly.initialize({ model });
       this.scan();
     });
-    // Records appear (and are re-rendered by the kernel's updates) anywhere in
-    // the page: look for ours when the DOM changes outside a plot.
-    this.observer = new MutationObserver((records) => {
-      if (records.some((r) => !(r.target.closest && r.target.closest(".js-plotly-plot")))) this.scan();
-    });
-    this.observer.observe(document.body, { childList: true, subtree: true });
-    this.themeObserver = new MutationObserver(() => this.drawAll());
-    this.themeObserver.observe(document.body, {
-      attributes: true,
-      attributeFilter: ["data-jp-theme-light", "data-jp-theme-name"],
-    });
-    this.onVisibility = () => !document.hidden && this.drawAll();
-    document.addEventListener("visibilitychange", this.onVisibility);
     // No frame for a while: the kernel is gone, restarting, or holds the GIL in C code.
     this.heard = performance.now();
     this.watch = setInterval(() => this.markStale(performance.now() - this.heard > this.nbmon.stale_s * 1000), 1000);
-    LIVE.set(this.id, this);
+    PAGE.lives.set(this.id, this);
+    watchPage();
+  }
+
+  /**
+   * The widget's first state, once it is in the model, into Series; the
+   * model keeps empty arrays (a later view starts from ours). False before.
+   */
+  taken() {
+    if (this.series) return true;
+    const data = this.model.get("_widget_data");
+    if (!this.nbmon.traces.every((trace) => data?.[trace.index])) return false;
+    this.axes = this.nbmon.traces.map((trace) => data[trace.index].yaxis || "y");
+    this.series = this.nbmon.traces.map((trace) => {
+      const target = data[trace.index];
+      const series = new Series(trace.unit);
+      series.push(typed(target.x), typed(target.y));
+      Object.assign(target, { x: [], y: [], text: [] });
+      return series;
+    });
+    return true;
+  }
+
+  get last() {
+    let last = -Infinity;
+    for (const s of this.series) if (s.length && s.last > last) last = s.last;
+    return last;
+  }
+
+  get first() {
+    let first = Infinity;
+    for (const s of this.series) if (s.length && s.first < first) first = s.first;
+    return first;
+  }
+
+  sortCells() {
+    this.sorted = [...this.cells.values()].sort((a, b) => a.t0 - b.t0);
   }
 
   markStale(stale) {
@@ -328,37 +652,58 @@ class Live {
       record.classList.add("nbmon-live-mounted");
       record.querySelector(":scope > .nbmon-live-note")?.remove();
     }
+    // A view whose record left the page for good (its output cleared) goes too.
+    for (const view of [...this.views.values()]) {
+      if (view.record && !view.root.isConnected && !document.contains(view.record)) {
+        const again = document.querySelector(`.nbmon-live-record[data-nbmon-live="${this.id}"]`);
+        if (!again) this.removeView(view);
+      }
+    }
   }
 
   addView(root) {
-    const view = { root, ready: false, visible: true, stale: false, record: null };
+    const view = { root, ready: false, visible: true, stale: false, record: null, zoom: null, sig: null };
     this.views.set(root, view);
-    const rendered = (event) => {
+    view.rendered = (event) => {
       if (event.detail.element !== root) return;
-      document.removeEventListener("plotlywidget-after-render", rendered);
+      document.removeEventListener("plotlywidget-after-render", view.rendered);
       view.ready = true;
-      this.draw(view);
+      // The user's zoom or pan (plotly keeps it: uirevision): draw that range;
+      // a double click (autorange) follows the live window again.
+      root.on("plotly_relayout", (change) => {
+        const keys = Object.keys(change || {});
+        if (keys.some((k) => /^xaxis\d*\.autorange$/.test(k))) view.zoom = null;
+        const range = keys.find((k) => /^xaxis\d*\.range\[0\]$/.test(k));
+        if (range) view.zoom = [change[range], change[range.replace("[0]", "[1]")]];
+        else if (keys.some((k) => /^xaxis\d*\.range$/.test(k))) {
+          view.zoom = change[keys.find((k) => /^xaxis\d*\.range$/.test(k))];
+        }
+        if (keys.some((k) => k.startsWith("xaxis"))) this.schedule(view);
+      });
+      this.themeChanged(view);
     };
-    document.addEventListener("plotlywidget-after-render", rendered);
+    document.addEventListener("plotlywidget-after-render", view.rendered);
     view.remove = this.plotly.render({ model: this.model, el: root });
     view.io = new IntersectionObserver((entries) => {
       view.visible = entries[entries.length - 1].isIntersecting;
-      if (view.visible && view.stale) this.draw(view);
+      if (view.visible && view.stale) this.schedule(view);
     });
     view.io.observe(root);
     let width = 0;
     view.ro = new ResizeObserver(() => {
       if (!view.ready || root.clientWidth === width || !root.isConnected) return;
       width = root.clientWidth;
-      this.Plotly.Plots.resize(root);
+      this.Plotly.Plots.resize(root).then(() => this.schedule(view));
     });
     view.ro.observe(root);
     return view;
   }
 
   removeView(view) {
+    document.removeEventListener("plotlywidget-after-render", view.rendered);
     view.io.disconnect();
     view.ro.disconnect();
+    if (view.frame) cancelAnimationFrame(view.frame);
     view.remove();
     if (view.record) view.root.remove();
     this.views.delete(view.root);
@@ -367,101 +712,162 @@ class Live {
   message(msg, buffers) {
     if (!msg) return;
     if (msg.type === "nbmon:stopped") this.stopped = true;
-    if (msg.type !== "nbmon:append") return;
+    if (msg.type === "nbmon:events") this.events = new Set(msg.events);
+    if (msg.type !== "nbmon:append" || !this.taken()) return;
     this.heard = performance.now();
-    const data = this.model.get("_widget_data");
-    const layout = this.model.get("_widget_layout");
-    const window = this.nbmon.window;
     const x = bufferOf(buffers[0], Float64Array);
-    this.nbmon.traces.forEach((trace, k) => {
-      const target = data[trace.index];
-      const y = bufferOf(buffers[k + 1], Float32Array);
-      const joined = appendWindow(typed(target.x), typed(target.y), x, y, window);
-      const text = (target.text && target.text.length === typed(target.x).length ? target.text : this.texts(target, trace))
-        .slice(joined.dropped)
-        .concat(Array.from(y, (v) => fmt(v, trace.unit)));
-      Object.assign(target, { x: shipped(joined.x), y: shipped(joined.y), text });
-    });
-    if (msg.title != null) layout.title = { ...(layout.title || {}), text: msg.title };
-    for (const cell of msg.cells || []) this.cells.set(cell.id, cell);
-    this.last = x.length ? x[x.length - 1] : this.last;
+    this.series.forEach((series, k) => series.push(x, bufferOf(buffers[k + 1], Float32Array)));
+    const oldest = this.last - this.nbmon.window;
+    for (const series of this.series) series.trim(oldest);
+    if (msg.title != null) this.title = msg.title;
+    if (msg.cells?.length) {
+      for (const cell of msg.cells) this.cells.set(cell.id, cell);
+      for (const [id, cell] of this.cells) if (cell.t1 != null && cell.t1 < oldest) this.cells.delete(id);
+      this.sortCells();
+    }
     this.drawAll();
   }
 
-  texts(target, trace) {
-    return Array.from(typed(target.y), (v) => fmt(v, trace.unit));
-  }
-
-  // The cells' bands (shapes, labelled with the prompt number) and the
-  // invisible bars that give them a hover text (shapes have none).
-  cellParts() {
-    const shapes = [];
-    const bars = { x: [], width: [], hovertext: [] };
-    const end = this.last ?? 0;
-    for (const cell of this.cells.values()) {
-      const t1 = cell.t1 ?? end;
-      if (t1 < cell.t0) continue;
-      const label = `[${cell.n ?? " "}]`;
-      shapes.push({
-        type: "rect", xref: "x", yref: "paper", x0: cell.t0, x1: t1, y0: 0, y1: 1, layer: "below",
-        fillcolor: "rgba(128, 128, 128, 0.10)", line: { width: 0 },
-        label: { text: label, textposition: "top left", font: { size: 10, color: "rgba(128, 128, 128, 0.9)" } },
-      });
-      bars.x.push((cell.t0 + t1) / 2);
-      bars.width.push(Math.max(t1 - cell.t0, 1e-3));
-      const took = cell.t1 == null ? "running" : fmt(cell.t1 - cell.t0, "s");
-      bars.hovertext.push(`In ${label} ${cell.label || ""} · ${took}`);
+  themeChanged(only) {
+    for (const view of only ? [only] : this.views.values()) {
+      if (!view.ready) continue;
+      view.theme = themeOf(view.record || view.root);
+      this.schedule(view);
     }
-    return { shapes, bars };
   }
 
   drawAll() {
-    for (const view of this.views.values()) this.draw(view);
+    for (const view of this.views.values()) this.schedule(view);
+  }
+
+  /** Draw at the next animation frame (none while the tab is hidden), once however often asked. */
+  schedule(view) {
+    if (view.frame || !view.ready || this.disposed) return;
+    view.frame = requestAnimationFrame(() => {
+      view.frame = 0;
+      this.draw(view);
+    });
+  }
+
+  /** The x range to draw: the user's zoom, else the window up to the newest point. */
+  range(view, px) {
+    if (view.zoom) return { x0: +view.zoom[0], x1: +view.zoom[1], edges: true };
+    const x1 = this.last;
+    const x0 = Math.max(this.first, x1 - this.nbmon.window);
+    const drawn = view.drawn;
+    if (drawn && !drawn.edges && drawn.px === px) {
+      // Less than a pixel from what is drawn: keep it (what moved does not show yet).
+      const scale = px / (drawn.x1 - drawn.x0 || 1);
+      if (Math.abs(x1 - drawn.x1) * scale < 1 && Math.abs(x0 - drawn.x0) * scale < 1) return drawn;
+    }
+    return { x0, x1, edges: false };
   }
 
   draw(view) {
-    if (!view.ready || this.disposed) return;
+    if (!view.ready || this.disposed || !this.taken()) return;
     if (!view.visible || document.hidden || !view.root.isConnected) {
       view.stale = true;
       return;
     }
     view.stale = false;
-    const traces = this.nbmon.traces;
-    const live = new Map(traces.map((t) => [t.index, t]));
-    if (this.last === undefined) {
-      const first = this.model.get("_widget_data")[traces[0]?.index];
-      const x = typed(first && first.x);
-      this.last = x.length ? x[x.length - 1] : 0;
+    const full = view.root._fullLayout;
+    const px = Math.max(50, full?._size?.w || view.root.clientWidth - 120);
+    const range = this.range(view, px);
+    if (!(range.x1 > range.x0) && !this.series.some((s) => s.length)) return;
+    const columns = Math.max(1, Math.floor(px / BUCKET_PX));
+    const points = this.series.map((s) => decimate(s, range.x0, range.x1, columns, range.edges));
+    const pxPerS = px / (range.x1 - range.x0 || 1);
+    const groups = bandGroups(this.sorted, range.x0, range.x1, pxPerS, this.last);
+    const sig = signature(this.axes, points, groups, range, px, full,
+      [JSON.stringify(view.theme), this.edits, full?.height, full?.legend?._height]);
+    if (view.sig === sig) {
+      this.setTitle(view);
+      return;
     }
-    const { shapes, bars } = this.cellParts();
-    const data = this.model.get("_widget_data").map((trace, i) => {
+    view.sig = sig;
+    view.drawn = { ...range, px };
+    this.Plotly.react(view.root, this.data(points, groups), this.layout(view, groups, pxPerS),
+      { ...this.model.get("_config"), displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE });
+    view.title = this.title;
+  }
+
+  /** The title is text that changes every frame: set it as such between redraws. */
+  setTitle(view) {
+    if (this.title == null || view.title === this.title) return;
+    const node = view.root.querySelector(".gtitle");
+    if (node) node.textContent = this.title;
+    view.title = this.title;
+  }
+
+  data(points, groups) {
+    const live = new Map(this.nbmon.traces.map((t, k) => [t.index, k]));
+    const bars = { x: [], width: [], hovertext: [] };
+    for (const group of groups) {
+      bars.x.push((group.a + group.b) / 2);
+      bars.width.push(group.b - group.a);
+      bars.hovertext.push(describe(group).hover);
+    }
+    return this.model.get("_widget_data").map((trace, i) => {
       const out = { ...trace };
       for (const key of ["x", "y", "width", "base"]) if (trace[key] && trace[key].dtype) out[key] = typed(trace[key]);
-      if (live.has(i) && !(trace.text && trace.text.length === out.y.length)) {
-        out.text = trace.text = this.texts(trace, live.get(i));
-      }
+      if (live.has(i)) Object.assign(out, points[live.get(i)]);
       if (trace.meta === "cells") Object.assign(out, bars, { y: bars.x.map(() => 1) });
       return out;
     });
+  }
+
+  layout(view, groups, pxPerS) {
     const stored = this.model.get("_widget_layout");
-    const userShapes = (stored.shapes || []).filter((s) => s.name !== "nbmon-cell");
-    const layout = {
+    const theme = view.theme || themeOf(view.root);
+    const end = view.drawn.x1;
+    const shapes = groups.map((group, k) => {
+      const { label } = describe(group);
+      // A label may run past its band, not into the next band's.
+      const room = ((groups[k + 1]?.a ?? end + 1e9) - group.a) * pxPerS;
+      const fits = room >= label.length * LABEL_PX_PER_CHAR + 4;
+      return {
+        type: "rect", xref: "x", yref: "paper", x0: group.a, x1: group.b, y0: 0, y1: 1, layer: "below",
+        name: "nbmon-cell", fillcolor: `rgba(${BAND_FILL.join(", ")})`, line: { width: 0 },
+        label: { text: fits ? label : "", textposition: "top left", font: { size: 10, color: theme.band } },
+      };
+    });
+    return {
       ...stored,
-      font: { ...(stored.font || {}), color: themeColor() },
-      shapes: userShapes.concat(shapes.map((s) => ({ ...s, name: "nbmon-cell" }))),
-      datarevision: ++this.revision,
+      ...this.top(view, stored),
+      font: { ...(stored.font || {}), color: theme.fg },
+      hoverlabel: { bgcolor: theme.bg, bordercolor: theme.grid, font: { color: theme.fg } },
+      shapes: (stored.shapes || []).filter((s) => s.name !== "nbmon-cell").concat(shapes),
+      datarevision: (view.revision = (view.revision || 0) + 1),
     };
-    this.Plotly.react(view.root, data, layout);
+  }
+
+  /**
+   * Room above the plot for the title and the legend, each on lines of
+   * their own (the chart grows by what they need), and the title under the
+   * toolbar when they would meet: a narrow chart.
+   */
+  top(view, stored) {
+    const full = view.root._fullLayout;
+    const width = full?.width || view.root.clientWidth;
+    const title = this.title ?? stored.title?.text ?? "";
+    const lines = textWidth(title, "14px sans-serif") + MODEBAR_PX + 24 > width ? 2 : 1;
+    const t = lines * TITLE_PX + (full?.legend?._height || 20) + 8;
+    const margin = { ...(stored.margin || {}), t };
+    const height = (stored.height || 400) + Math.max(0, t - (stored.margin?.t || 0));
+    return {
+      margin, height,
+      title: { ...(stored.title || {}), text: title, yref: "container", yanchor: "top",
+        y: 1 - ((lines - 1) * TITLE_PX + 4) / height },
+      legend: { ...(stored.legend || {}), y: 1.0, yanchor: "bottom" },
+    };
   }
 
   dispose() {
     this.disposed = true;
     clearInterval(this.watch);
-    this.observer.disconnect();
-    this.themeObserver.disconnect();
-    document.removeEventListener("visibilitychange", this.onVisibility);
     this.model.off("msg:custom", this.onMessage);
-    LIVE.delete(this.id);
+    this.model.off("change", this.onEdit);
+    PAGE.lives.delete(this.id);
     for (const view of [...this.views.values()]) {
       const record = view.record;
       this.removeView(view);
@@ -472,6 +878,44 @@ class Live {
         "nbmon: kernel disconnected, the live chart stopped; below, the figures as last recorded");
     }
   }
+}
+
+let canvas;
+function textWidth(text, font) {
+  canvas ??= document.createElement("canvas").getContext("2d");
+  canvas.font = font;
+  return canvas.measureText(text).width;
+}
+
+/**
+ * What a redraw would show, in pixels: equal signatures draw the same
+ * picture, so the second is not drawn. Each point's column and height (on a
+ * scale from 0 to the highest point of its axis, ``axes[k]`` for trace k),
+ * each band's ends and text, the range's width in pixels, and ``more``
+ * (theme, size, the kernel's edits).
+ */
+export function signature(axes, points, groups, range, px, full, more = []) {
+  const tops = new Map();
+  points.forEach(({ y }, k) => {
+    let top = tops.get(axes[k]) || 0;
+    for (const v of y) if (v > top) top = v;
+    tops.set(axes[k], top);
+  });
+  const scale = px / (range.x1 - range.x0 || 1);
+  const parts = [px, ...more];
+  points.forEach(({ x, y }, k) => {
+    const height = full?.[axes[k].replace("y", "yaxis")]?._length || 150;
+    const yscale = height / (tops.get(axes[k]) * 1.05 || 1);
+    const cells = new Int32Array(2 * x.length);
+    for (let i = 0; i < x.length; i++) {
+      cells[2 * i] = Math.round((x[i] - range.x0) * scale);
+      cells[2 * i + 1] = Number.isNaN(y[i]) ? -1 : Math.round(y[i] * yscale);
+    }
+    parts.push(cells.join(","));
+  });
+  const px0 = (t) => Math.round((t - range.x0) * scale);
+  for (const g of groups) parts.push(`${px0(g.a)}:${px0(g.b)}:${describe(g).hover}`);
+  return parts.join("|");
 }
 
 const NOTE = ':scope > [data-nbmon="disconnected"]';
@@ -494,7 +938,7 @@ export default {
     return () => live.dispose();
   },
   async render({ model, el }) {
-    const live = LIVE.get(model.get("_nbmon").id);
+    const live = PAGE.lives.get(model.get("_nbmon").id);
     if (!live) return undefined;
     await live.ready;
     const view = live.addView(el);
