@@ -22,11 +22,12 @@ written in place with ``pwrite``, each part with its own CRC-32:
 
 A record holds its second's statistic of each field over every sample taken
 in it (the highest memory, the lowest available memory, the mean CPU), so a
-spike between two records is not lost. While memory is above the warning
-threshold, the current second's record is rewritten at every check (four a
-second), so the last record before an OOM kill is at most 0.25 s old. Every
-part is one small ``pwrite`` into the page cache: a process killed at any
-moment leaves each part whole.
+spike between two records is not lost; the container's figures are the
+memory warning's reads (:mod:`nbmon.memwarn`), four a second near its
+threshold. While memory is above the threshold, the current second's record
+is rewritten at every check (four a second), so the last record before an
+OOM kill is at most 0.25 s old. Every part is one small ``pwrite`` into the
+page cache: a process killed at any moment leaves each part whole.
 """
 from __future__ import annotations
 
@@ -79,6 +80,8 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("sys_mem_total_mb", "last"),
     ("gpu_mem_used_mb", "max"),
 )
+NAMES = tuple(name for name, _ in FIELDS)
+STATS = tuple(stat for _, stat in FIELDS)
 CONTAINER = ("cgroup_mem_used_mb", "cgroup_mem_limit_mb", "cgroup_oom_kills")
 
 
@@ -316,33 +319,34 @@ def read_box(path: str) -> Box:
 # -- the writer --------------------------------------------------------------------------
 
 
+_FOLD = {"max": max, "min": min}
+
+
 class _Second:
-    """One second's statistics of each field, folded from blocks of samples."""
+    """One second's statistic of each field (``stats``: "max", "min", "mean"
+    or "last"), folded from the samples taken in it. Plain Python: a few
+    numbers a second cost less so than through numpy's calls."""
 
     def __init__(self, stats: tuple[str, ...]):
-        k = len(stats)
-        self.stats = np.array(stats)
-        self.hi, self.lo, self.last = np.full(k, math.nan), np.full(k, math.nan), np.full(k, math.nan)
-        self.sum, self.n = np.zeros(k), np.zeros(k)
+        self.stats = stats
+        self.value = [math.nan] * len(stats)
+        self.n = [0] * len(stats)
 
-    def add(self, block: np.ndarray) -> None:
-        """Samples: ``block`` is (fields, m)."""
-        if block.shape[1] == 0:
-            return
-        valid = ~np.isnan(block)
-        self.hi = np.fmax(self.hi, np.fmax.reduce(block, axis=1))
-        self.lo = np.fmin(self.lo, np.fmin.reduce(block, axis=1))
-        self.sum += np.where(valid, block, 0.0).sum(axis=1)
-        self.n += valid.sum(axis=1)
-        newest = block.shape[1] - 1 - valid[:, ::-1].argmax(axis=1)
-        seen = valid.any(axis=1)
-        self.last[seen] = block[np.arange(block.shape[0]), newest][seen]
-
-    def values(self) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.where(self.n > 0, self.sum / self.n, math.nan)
-        return np.select([self.stats == "max", self.stats == "min", self.stats == "mean"],
-                         [self.hi, self.lo, mean], self.last)
+    def add(self, columns) -> None:
+        """``columns``: each field's values in the new samples (NaN: not read)."""
+        for i, (stat, values) in enumerate(zip(self.stats, columns)):
+            known = [v for v in values if v == v]
+            if not known:
+                continue
+            old, n = self.value[i], self.n[i]
+            if stat == "last":
+                self.value[i] = known[-1]
+            elif stat == "mean":
+                self.value[i] = ((old * n if n else 0.0) + sum(known)) / (n + len(known))
+            else:
+                fold = _FOLD[stat]
+                self.value[i] = fold(known) if n == 0 else fold(old, fold(known))
+            self.n[i] = n + len(known)
 
 
 _open_boxes: "weakref.WeakSet[BlackBox]" = weakref.WeakSet()
@@ -361,7 +365,6 @@ class BlackBox:
     descriptor while the run lasts."""
 
     name = "BlackBox"
-    every_s = CHECK_EVERY_S
     at_start = True
 
     def __init__(self, cell: CellNote, memory=None, *, notebook: str | None = None):
@@ -374,15 +377,22 @@ class BlackBox:
         self._store = None
         self._broken = False
         self._lock = threading.Lock()
-        names = tuple(name for name, _ in FIELDS)
-        self._names = names
-        self._layout = record_struct(len(names))
-        self._second = _Second(tuple(stat for _, stat in FIELDS))
+        self._layout = record_struct(len(NAMES))
+        self._second = _Second(STATS)
         self._second_t0 = 0.0
         self._seq = 0
         self._cursor = 0
-        self._take = np.zeros(0, dtype=int)
-        self._container = np.array([names.index(c) for c in CONTAINER])
+        self._take: list[int | None] = []   # each field's row in the store's samples (None: not there)
+        self._rows = np.zeros(0, dtype=int)
+        self._container_at = [NAMES.index(c) for c in CONTAINER]
+        self._container = [math.nan] * len(CONTAINER)   # this second's: highest usage, last limit, most kills
+
+    @property
+    def every_s(self) -> float:
+        """Once a second; four times a second while the memory is above the
+        warning threshold (the consumers' thread reads it before each call)."""
+        hot = self.memory is not None and self.memory.warning is not None
+        return CHECK_EVERY_S if hot else RECORD_EVERY_S
 
     # -- the consumer --------------------------------------------------------
     def consume(self, store, final: bool) -> None:
@@ -392,14 +402,18 @@ class BlackBox:
             try:
                 if store is not self._store or self._fd is None:
                     self._open(store)
-                self._fold(store)
+                self._fold_container()
                 now = time.monotonic()
                 rolled = now - self._second_t0 >= RECORD_EVERY_S - CHECK_EVERY_S / 2
+                # The samples are folded and the record written once a second, or at
+                # every check while the memory is above the warning threshold.
                 if rolled or (self.memory is not None and self.memory.warning is not None):
+                    self._fold(store)
                     self._write_record()
                 if rolled:
                     self._seq += 1
-                    self._second = _Second(tuple(stat for _, stat in FIELDS))
+                    self._second = _Second(STATS)
+                    self._container = [math.nan] * len(CONTAINER)
                     self._second_t0 = now
             except (OSError, ValueError) as err:
                 self._broken = True
@@ -420,13 +434,13 @@ class BlackBox:
                   "pid_ns": pid_namespace(), "uid": os.geteuid(), "created": time.time(),
                   "notebook": self.notebook, "cwd": _cwd(), "host": socket.gethostname(),
                   "cgroup": self.memory.cgroup if self.memory is not None else {},
-                  "fields": list(self._names)}
+                  "fields": list(NAMES)}
         if header["started"] is None:
             raise UnsafePath(f"cannot read this process's start time from /proc/{pid}/stat")
         path = os.path.join(box_dir(), f"{pid}-{header['started']}-{header['boot'][:8]}{SUFFIX}")
         fd = open_private(path, os.O_RDWR | os.O_CREAT)
         try:
-            size = box_size(len(self._names))
+            size = box_size(len(NAMES))
             os.posix_fallocate(fd, 0, size)   # a full disk fails here, not at a later write
             os.pwrite(fd, encode_header(header).ljust(size, b"\0"), 0)
             os.ftruncate(fd, size)
@@ -437,26 +451,35 @@ class BlackBox:
         self._fd, self.path, self._store = fd, path, store
         # The first consume writes a record at once: a kernel that dies in its first second has one.
         self._cursor, self._seq, self._second_t0 = 0, 1, -math.inf
-        self._second = _Second(tuple(stat for _, stat in FIELDS))
+        self._second = _Second(STATS)
         columns = store.columns
-        # Columns the store lacks (no GPU, no cgroup) read from a NaN row appended below.
-        self._take = np.array([columns.index(n) if n in columns else len(columns) for n in self._names])
+        present = [n for n in NAMES if n in columns]   # no GPU, no cgroup: not there
+        self._rows = np.array([columns.index(n) for n in present], dtype=int)
+        self._take = [present.index(n) if n in present else None for n in NAMES]
         self.cell.watch(self)
         _open_boxes.add(self)
         self._write_cell_locked()
 
+    def _fold_container(self) -> None:
+        reading = self.memory.container if self.memory is not None else None
+        if reading is not None:
+            used, limit, kills = reading
+            old_used, _, old_kills = self._container
+            self._container = [max(used, old_used) if old_used == old_used else used, limit,
+                               max(kills, old_kills) if old_kills == old_kills else kills]
+
     def _fold(self, store) -> None:
         _t, _wall, rows, self._cursor, _lost = store.rows_since(self._cursor)
-        padded = np.vstack([rows, np.full((1, rows.shape[1]), math.nan)])
-        self._second.add(padded[self._take])
-        reading = self.memory.container if self.memory is not None else None
-        if reading is not None:  # four reads a second, where the store has one
-            block = np.full((len(self._names), 1), math.nan)
-            block[self._container, 0] = reading
-            self._second.add(block)
+        picked = rows[self._rows].tolist()
+        self._second.add([picked[j] if j is not None else () for j in self._take])
 
     def _write_record(self) -> None:
-        record = encode_record(self._layout, self._seq, time.time(), self._second.values().tolist())
+        values = list(self._second.value)
+        # The store's container figures (once a second) and the warning's own reads, together.
+        for at, reading, fold in zip(self._container_at, self._container, (max, None, max)):
+            if reading == reading:
+                values[at] = reading if fold is None or values[at] != values[at] else fold(values[at], reading)
+        record = encode_record(self._layout, self._seq, time.time(), values)
         offset = HEADER_SIZE + CELL_SIZE + (self._seq % SLOTS) * self._layout.size
         os.pwrite(self._fd, record, offset)
         self.writes += 1

@@ -2,14 +2,18 @@
 
 In JupyterHub, Kubernetes or a Colab-like host the kernel is killed when its
 container (cgroup) reaches its memory limit. :class:`MemoryWatch` reads the
-container's memory four times a second (the store has it once a second: a
-kernel that allocates fast crosses the last tenth of its limit between two
-reads) and says once per crossing when it reaches ``percent`` of the limit.
+container's memory once a second, and four times a second once it is within
+20 points of the threshold (a kernel that allocates fast crosses the last
+tenth of its limit between two one-second reads), and says once per
+crossing when it reaches ``percent`` of the limit. Its ``every_s`` follows
+(the consumers' thread reads it before each call): no wake-up is spent on
+a check that would read nothing. The limit itself is read every 10 s.
 
 What counts is the container's usage less its inactive page cache (cAdvisor's
 and Kubernetes' "working set"): the kernel reclaims that cache before it
 kills, so a notebook that reads big files is not warned for the cache they
-leave. Without a limit, the machine's memory counts (used = total -
+leave. (The cache is read only near the threshold: far from it, the usage,
+an upper bound, says so.) Without a limit, the machine's memory counts (used = total -
 available, as ``/proc/meminfo``'s MemAvailable already leaves the cache
 out).
 
@@ -31,7 +35,10 @@ from .format import fmt
 from .sources.cgroup import MIB, Cgroup
 
 REARM_POINTS = 5.0      # a crossing ends this far below the threshold
-CHECK_EVERY_S = 0.25
+NEAR_POINTS = 20.0      # from this far below the threshold, read four times a second
+NEAR_EVERY_S = 0.25
+FAR_EVERY_S = 1.0
+LIMIT_EVERY_S = 10.0    # a container's limit hardly ever changes
 CROSSINGS_KEPT = 32
 CONTAINER, MACHINE = "container", "machine"
 
@@ -78,8 +85,9 @@ def _inactive_file_mb(dirs: dict[str, str]) -> float:
 
 
 class MemoryWatch:
-    """A consumer that reads the memory that can kill process ``pid`` every
-    0.25 s and says when it crosses ``percent`` (None: never says).
+    """A consumer that reads the memory that can kill process ``pid`` (every
+    second; every 0.25 s near the threshold) and says when it crosses
+    ``percent`` (None: never says).
 
     ``say(text)`` is called on the monitor's consumers thread with the
     warning line; ``running_cell()`` names the running cell (None between
@@ -90,7 +98,6 @@ class MemoryWatch:
     ((epoch s, Level) of the last 32)."""
 
     name = "MemoryWatch"
-    every_s = CHECK_EVERY_S
     at_start = True
 
     def __init__(self, pid: int, percent: float | None, *, say: Callable[[str], None] | None = None,
@@ -102,11 +109,19 @@ class MemoryWatch:
         self.warning: Level | None = None
         self.container: tuple[float, float, float] | None = None
         self.crossings: deque[tuple[float, Level]] = deque(maxlen=CROSSINGS_KEPT)
-        self._source = Cgroup(pid, slow_every_s=0.0)
+        self._source = Cgroup(pid)
         self._source.start(0.0)
         self.cgroup = dict(self._source.dirs)
+        self._limit_mb = math.nan
+        self._limit_t = -math.inf
         self._due = False
         self._told_in = None
+
+    @property
+    def every_s(self) -> float:
+        near = self.percent is not None and self.level is not None \
+            and self.level.percent >= self.percent - NEAR_POINTS
+        return NEAR_EVERY_S if near else FAR_EVERY_S
 
     def consume(self, store, final: bool) -> None:
         self.level = self._read(store)
@@ -116,11 +131,18 @@ class MemoryWatch:
         pass
 
     def _read(self, store) -> Level | None:
-        row = self._source.sample(time.monotonic()) if self.cgroup.get("memory") else {}
-        used, limit = row.get("cgroup_mem_used_mb", math.nan), row.get("cgroup_mem_limit_mb", math.nan)
-        self.container = (used, limit, row.get("cgroup_oom_kills", math.nan)) if row else None
+        if self.cgroup.get("memory"):
+            source, now = self._source, time.monotonic()
+            if now - self._limit_t >= LIMIT_EVERY_S:
+                self._limit_mb, self._limit_t = source._memory_limit() / MIB, now
+            used, limit = source._memory_used() / MIB, self._limit_mb
+            self.container = (used, limit, source._oom_kills())
+        else:
+            used = limit = math.nan
+            self.container = None
         if used == used and limit == limit and limit > 0:
-            return Level(CONTAINER, max(0.0, used - _inactive_file_mb(self.cgroup)), limit)
+            near = self.percent is not None and 100.0 * used / limit >= self.percent - NEAR_POINTS
+            return Level(CONTAINER, max(0.0, used - _inactive_file_mb(self.cgroup)) if near else used, limit)
         latest = store.latest()
         available, total = latest.get("sys_mem_available_mb", math.nan), latest.get("sys_mem_total_mb", math.nan)
         if available == available and total == total and total > 0:
