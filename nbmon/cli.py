@@ -35,6 +35,7 @@ from .engine import Monitor
 from .format import printable
 from .options import DEFAULT_INTERVAL_S, Options, check_interval
 from .senders import CSVSender, JSONLinesSender
+from .sources.proctree import EXCLUDED, all_thread_child_pids
 from .summary import ResourceSummary
 
 VERBS = ("run", "demo", "report", "postmortem")
@@ -220,7 +221,7 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
         waited_all = wait_descendants and adopted
         exit_ = _wait(child, waited_all)
         code = exit_.code
-        left = [] if waited_all else [pid for pid in monitor.sources.tree.pids if pid != child.pid]
+        left = _left_running(exit_)
     finally:
         with warnings.catch_warnings():  # faults are listed below, once
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -268,6 +269,12 @@ class _Exit:
         self.cpu_s = 0.0          # CPU of every process reaped: the command's whole waited tree
         self.peak_kb = 0          # the largest single process's peak RSS (ru_maxrss)
 
+    def add(self, usage) -> None:
+        """The kernel's account of one process just reaped."""
+        self.cpu_s += usage.ru_utime + usage.ru_stime
+        self.peak_kb = max(self.peak_kb, usage.ru_maxrss)
+        self.t = time.monotonic()
+
 
 def _wait(child: subprocess.Popen, descendants: bool) -> _Exit:
     """Reap the command, and the orphans handed to us meanwhile (wait4: the
@@ -279,14 +286,31 @@ def _wait(child: subprocess.Popen, descendants: bool) -> _Exit:
             pid, status, usage = os.wait4(-1, 0)
         except ChildProcessError:  # nothing left to wait for
             break
-        exit_.cpu_s += usage.ru_utime + usage.ru_stime
-        exit_.peak_kb = max(exit_.peak_kb, usage.ru_maxrss)
-        exit_.t = time.monotonic()
+        exit_.add(usage)
         if pid == child.pid:
             child.returncode = exit_.code = os.waitstatus_to_exitcode(status)
             if not descendants:
                 break
     return exit_
+
+
+def _left_running(exit_: _Exit) -> list[int]:
+    """What the command left running when it exited. nbmon is the subreaper:
+    every process the command left behind hangs below one of nbmon's own
+    children, so those are the answer, once the ones that already ended are
+    reaped (their accounts join ``exit_``)."""
+    while True:
+        try:
+            pid, _status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:  # none ended: the rest still run
+            break
+        exit_.add(usage)
+    try:
+        return [pid for pid in all_thread_child_pids(os.getpid()) if pid not in EXCLUDED]
+    except OSError:  # no /proc (not Linux)
+        return []
 
 
 def _with_exit_usage(summary: ResourceSummary, exit_: _Exit, t_start: float, children: bool,
@@ -305,10 +329,15 @@ def _with_exit_usage(summary: ResourceSummary, exit_: _Exit, t_start: float, chi
         cpu_s = max(cpu_s, exit_.cpu_s)
         if exit_.peak_kb > own_peak_kb and peak_mb > summary.peak_rss_mb:
             changes["peak_rss_mb"] = peak_mb
+        # The tree's memory was at least what its largest process had at its peak.
+        if exit_.peak_kb > own_peak_kb and summary.peak_mem_mb is not None and peak_mb > summary.peak_mem_mb:
+            changes["peak_mem_mb"] = peak_mb
     if summary.peak_rss_mb == 0.0 and "peak_rss_mb" not in changes:
         changes["peak_rss_exact"] = False  # gone before its first reading: no process runs in 0 bytes
-    changes.update(duration_sec=duration, cpu_time_sec=cpu_s,
-                   mean_cpu_percent=cpu_s / duration * 100.0 if duration > 0 else summary.mean_cpu_percent)
+    mean = cpu_s / duration * 100.0 if duration > 0 else summary.mean_cpu_percent
+    # The busiest interval cannot have been below the mean (a command shorter than one interval).
+    peak = None if mean is None else max(summary.peak_cpu_percent or 0.0, mean)
+    changes.update(duration_sec=duration, cpu_time_sec=cpu_s, mean_cpu_percent=mean, peak_cpu_percent=peak)
     return dataclasses.replace(summary, **changes)
 
 

@@ -31,11 +31,12 @@ class Fault:
 class FaultLog(dict):
     """{source name: Fault}."""
 
-    def record(self, source, err: BaseException) -> None:
+    def record(self, source, err: BaseException | str) -> None:
+        """Count one failure of ``source``: an exception, or a sentence."""
         name = source if isinstance(source, str) else source_name(source)
         fault = self.get(name)
         if fault is None:
-            fault = self[name] = Fault(name, f"{type(err).__name__}: {err}")
+            fault = self[name] = Fault(name, err if isinstance(err, str) else f"{type(err).__name__}: {err}")
         fault.count += 1
 
     def set_count(self, name: str, count: int, first_error: str) -> None:

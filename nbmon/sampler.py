@@ -10,7 +10,9 @@ monitored process.
 
 Faults never kill the thread: a source that raises, leaves out one of its
 fields, or gives values that are not non-negative numbers, gives NaN for
-its fields and is counted in :attr:`faults`; the other sources go on.
+its fields and is counted in :attr:`faults`; the other sources go on. A
+source whose figures failed only in part says so through an optional
+``drain_faults()`` (a list of sentences, read after each sample).
 Nothing is printed from the thread: callers read :attr:`faults`.
 """
 from __future__ import annotations
@@ -190,6 +192,10 @@ class Sampler:
             except Exception as err:  # a source must never take the thread down
                 self.faults.record(source, err)
                 values.extend([NAN] * (cols.stop - cols.start))
+            drain = getattr(source, "drain_faults", None)
+            if drain is not None:  # a part of its figures failed, the rest stand
+                for error in drain():
+                    self.faults.record(source, error)
         try:
             row = np.array(values)
         except (TypeError, ValueError):  # ragged

@@ -158,7 +158,7 @@ class ResourceSummary:
                                                        ("page cache", self.file_growth_mb),
                                                        ("shared memory", self.shmem_growth_mb))
                      if value is not None]
-            if any(abs(value) >= 1.0 for name, value in split if name != "anon"):
+            if any(abs(value) >= SPLIT_SHOWN_MB for name, value in split if name != "anon"):
                 rows.append(("RSS growth by kind", " · ".join(f"{name} {fmt(value, mib, signed=True)}"
                                                               for name, value in split)))
         else:  # a summary read from calibrax's fields only
@@ -202,6 +202,7 @@ class ResourceSummary:
 
 # The RSS sum is shown beside the memory when shared pages make it this much larger.
 SHARED_SHOWN = 1.05
+SPLIT_SHOWN_MB = 8.0   # the growth is split by kind once page cache or shared memory moved this much
 PEAK_KINDS = ("exact", "upper bound", "sampled")
 EXACT_SLACK_MB = 1.0   # an upper end this close to the peak closes the bracket
 _REQUIRED = ("peak_rss_mb", "mean_rss_mb", "memory_growth_mb", "num_samples", "duration_sec")

@@ -67,7 +67,7 @@ def test_the_cell_is_summarised_on_each_worker(executed):
     c = cell(executed, "%%resmon")
     (html,) = [h for h in html_outputs(c) if "nbmon-summary" in h]
     assert "300 MiB on one worker" in html
-    assert row(summary_rows(html), "Peak RSS")   # the kernel's own summary, beside the workers'
+    assert row(summary_rows(html), "Peak memory")   # the kernel's own summary, beside the workers'
     workers = table_rows(html, "nbmon-workers")
     assert len(workers) == 2, workers
     other, pinned = sorted(mib(cells[2].replace(" (exact)", "")) for cells in workers)

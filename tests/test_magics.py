@@ -99,7 +99,7 @@ def test_cell_adds_history_row_and_shows_summary_in_place_of_meter(ip):
     assert summary.update and summary.transient["display_id"] == display_id
     html = html_of(summary)
     assert 'class="nbmon-summary"' in html and 'data-status="ok"' in html
-    assert "alloc" in html and "Peak RSS" in html
+    assert "alloc" in html and "Peak memory" in html
     assert cap.stdout == ""
     del ip.user_ns["rm_buf"]
 

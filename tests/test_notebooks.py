@@ -69,7 +69,7 @@ def test_quickstart_cell_summary_has_the_cells_numbers(quickstart):
     assert "nbmon · cpu+memory<" in summary
     assert [o for o in c.outputs if "image/png" in o.get("data", {})]   # the timeline: a picture of its own
     rows = summary_rows(summary)
-    assert mib(row(rows, "Peak RSS")) >= 150, rows
+    assert mib(row(rows, "Peak memory")) >= 150, rows
     assert mib(row(rows, "RSS growth")) >= 150, rows
     assert percent(row(rows, "CPU mean")) > 20, rows
     assert seconds(row(rows, "Duration")) >= 1.0, rows
@@ -109,7 +109,7 @@ def test_quickstart_stop_freezes_the_dashboard(quickstart):
     stop = cell(quickstart, "%resmon stop")
     (summary,) = html_outputs(stop)
     rows = summary_rows(summary)
-    assert int(row(rows, "Samples")) >= 10 and mib(row(rows, "Peak RSS")) >= 150, rows
+    assert int(row(rows, "Samples")) >= 10 and mib(row(rows, "Peak memory")) >= 150, rows
 
 
 def test_quickstart_keeps_no_plotly_bundle_in_widget_state(quickstart):

@@ -621,7 +621,7 @@ def test_nbmon_run_with_children_that_exit_prints_a_summary_and_no_traceback(tmp
                            sys.executable, "-c", code],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     figure("nbmon run, children exit", exit_code=done.returncode,
-           traceback="Traceback" in done.stderr, summary="Peak RSS" in done.stderr)
+           traceback="Traceback" in done.stderr, summary="Peak memory" in done.stderr)
     assert done.returncode == 0, done.stderr
-    assert "Peak RSS" in done.stderr and "Samples" in done.stderr
+    assert "Peak memory" in done.stderr and "Samples" in done.stderr
     assert "Traceback" not in done.stderr and "failed" not in done.stderr

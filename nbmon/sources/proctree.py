@@ -88,6 +88,10 @@ WALK_BURST_S = 0.25         # ... paid from a bucket this deep (the first walks 
 REFRESH_WALK_S = 5.0        # a tree that ran is walked again at most this often (copy-on-write)
 WALK_NOW_KB = 64 * 1024.0   # a new exec'd process this small is walked when found
 WALK_S_PER_KB = 1.1e-8      # the first guess of a walk's cost (11 ms per GiB), then measured
+BUSY_SHARE = 0.01           # a process that used less of one CPU than this in an interval barely ran
+WINDING = 0.75             # a process whose RSS fell below this share in an interval winds down
+SHARED_MOVE_MB = 16.0       # shareable RSS (files, /dev/shm) moved this much since the last walk:
+SHARED_MOVE_SHARE = 0.05    # ... or by this share of it: walk again
 
 # nbmon's own helper processes (the process backend's sampler): never part of
 # a watched tree, though they are children of the process they watch.
@@ -99,6 +103,13 @@ def _cpu_clock_id(pid: int) -> int:
     # any pid: nanosecond CPU time instead of /proc's 10 ms ticks, which would
     # make a 10 Hz CPU % jitter by +/-10 points.
     return ((~pid) << 3) | 2
+
+
+def _own_children_s() -> float:
+    # This process's reaped children: getrusage has microseconds where
+    # os.times() and /proc have 10 ms ticks (a tick in a 0.1 s interval is 10 %).
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _affinity(pid: int) -> frozenset:
@@ -155,10 +166,10 @@ class _Proc:
     """One process of the tree: its /proc files and what was last read of it."""
 
     __slots__ = ("pid", "parent", "started", "code", "clock", "stat", "status", "mark",
-                 "own_s", "children_s", "counted_s", "carry_s", "ran_s", "ran", "busy", "scan",
+                 "own_s", "children_s", "counted_s", "carry_s", "ran_s", "own_ran_s", "ran", "busy", "scan",
                  "threads", "rss_kb", "start_kb", "hwm_kb", "anon_kb", "file_kb", "shmem_kb",
-                 "off_kb", "walked", "reaped", "read_bytes", "write_bytes", "cpus", "exited",
-                 "peak_kb", "bound_kb", "share_kb")
+                 "off_kb", "walked", "reaped", "reaped_cpus", "grown_s", "read_bytes", "write_bytes", "cpus", "exited",
+                 "peak_kb", "bound_kb", "share_kb", "start_off_kb")
 
     def __init__(self, pid: int, parent: int | None, keep: bool):
         self.pid, self.parent = pid, parent
@@ -179,6 +190,7 @@ class _Proc:
         self.ran_s = 0.0         # CPU used since the previous read
         self.ran = True          # ran since the previous read (unknown at first: yes)
         self.busy = True         # the same for CPU purposes (nbmon's own thread included)
+        self.own_ran_s = 0.0     # its own CPU since the previous read (nbmon's own thread included)
         self.scan = True         # ran since its children were last listed
         self.threads = 0.0
         self.rss_kb = self.start_kb = 0.0
@@ -187,11 +199,14 @@ class _Proc:
         self.off_kb = 0.0        # RSS minus PSS at the last walk: pages others count too
         self.share_kb = 0.0      # its share of shared pages in its PSS at the last walk
         self.walked = False
-        self.reaped = 0          # known children reaped since the last stat read
+        self.reaped = 0          # known children it reaped in this refresh
+        self.reaped_cpus: frozenset = frozenset()   # ... and the CPUs they could use
+        self.grown_s = 0.0       # how much its reaped children's CPU grew in this refresh
         self.read_bytes = self.write_bytes = NAN
         self.cpus = frozenset()
         self.exited = False
         self.peak_kb = self.bound_kb = 0.0   # this interval's peak and its bracket's upper end
+        self.start_off_kb = 0.0              # its shared offset at the interval's start
 
     @property
     def cpu_s(self) -> float:
@@ -200,10 +215,12 @@ class _Proc:
     def read_clock(self) -> None:
         try:
             own_s = time.clock_gettime_ns(self.clock) * 1e-9
-        except OSError:  # a zombie has no clock left: read_stat() keeps its final times
-            self.ran_s, self.ran = 0.0, False
+        except OSError:
+            # Exiting, or a zombie: no clock left. Read it once more (read_stat
+            # keeps its final times, status its memory: none) as if it ran.
+            self.ran_s, self.own_ran_s, self.ran, self.busy = 0.0, 0.0, True, False
             return
-        self.ran_s = max(0.0, own_s - self.own_s)
+        self.ran_s = self.own_ran_s = max(0.0, own_s - self.own_s)
         self.ran = self.busy = self.ran_s > 0.0
         self.own_s = own_s
 
@@ -349,11 +366,12 @@ class ProcessTree:
         """The root lives, or (adopting) any process of the tree does."""
         return self._backend.root_alive or (self.adopt and bool(self._backend.pids()))
 
-    @property
-    def faults(self) -> list[str]:
+    def drain_faults(self) -> list[str]:
         """Reads that failed for reasons other than a process exiting (EMFILE,
-        say) since the last sample, in words; the sampler counts them."""
-        return self._backend.errors
+        say) since the last call, in words (the sampler counts them): the
+        processes stay in the tree, their figures as last read."""
+        errors, self._backend.errors = self._backend.errors, []
+        return errors
 
     def start(self, now: float | None = None) -> None:
         """Open the tree and prime the CPU baseline. Raises ProcessLookupError
@@ -429,6 +447,16 @@ class _Walker:
         self.wanted = True        # membership changed since the last walk
         self.spent_s = 0.0        # CPU of every walk so far (benchmarks read it)
         self.walks = 0
+        self.shared_mb = NAN      # file-backed and shared-memory RSS of the tree at the last walk
+        self._shared_now_mb = 0.0
+
+    def shared_now(self, mb: float) -> None:
+        """The tree's shareable RSS now: a walk is wanted once it moved by
+        more than SHARED_MOVE_MB or SHARED_MOVE_SHARE since the last walk."""
+        self._shared_now_mb = mb
+        if self.shared_mb == self.shared_mb and \
+                abs(mb - self.shared_mb) > max(SHARED_MOVE_MB, SHARED_MOVE_SHARE * self.shared_mb):
+            self.wanted = True
 
     def cost_s(self, kb: float) -> float:
         return kb * self.s_per_kb
@@ -448,6 +476,7 @@ class _Walker:
         if kb > 0:
             self.s_per_kb = max(cpu_s / kb, 1e-12)
         self.walked_t, self.wanted = now, False
+        self.shared_mb = self._shared_now_mb
 
 
 class _ProcBackend:
@@ -470,6 +499,7 @@ class _ProcBackend:
         self._children_maxrss_kb = 0.0
         self._reader, self._reader_s = 0, 0.0   # the thread that read the tree last, its CPU then
         self._memory: dict[str, float] = {}
+        self._cap_cpus: set = set()
         # The shares of shared pages of walked processes gone since the last
         # walk: the pages stay, now counted by the others (a pool's workers
         # leaving a parent that still holds what they shared).
@@ -524,11 +554,13 @@ class _ProcBackend:
         rate). The interval's memory figures are kept for :meth:`memory`."""
         boot_s = time.clock_gettime(time.CLOCK_BOOTTIME)
         root_pid = self.tree.pid
+        shared_start_kb = self.orphan_share_kb
         gone: list[_Proc] = []
         interval = _Interval()
         shown_s = 0.0
         reader_s = None
         for proc in list(self.procs.values()):
+            proc.reaped, proc.grown_s, proc.reaped_cpus = 0, 0.0, frozenset()
             try:
                 if proc.pid == root_pid and self.root_is_self:
                     reader_s = time.thread_time()  # just before the process's clock: the same window
@@ -543,10 +575,13 @@ class _ProcBackend:
                     gone.append(proc)
                 else:  # EMFILE, ENFILE, ...: the process is still there, its figures are not
                     self._failed(proc, err, interval)
-                continue
-            shown_s += self._shown_s(proc, dt)
         for proc in gone:
             self._forget(proc, gone, interval)
+        self._unseen_children(interval)
+        # After the reaped are forgotten: a parent's cutime then holds only their new CPU.
+        self._cap_cpus = set()
+        for proc in self.procs.values():
+            shown_s += self._shown_s(proc, dt)
         if root_pid in self.procs and self.procs[root_pid].exited:
             self.root_alive = False
         if self.tree.children and (self.procs or self.tree.adopt) and self._forked(slow):
@@ -556,9 +591,15 @@ class _ProcBackend:
         if slow:
             for proc in self.procs.values():
                 proc.read_io()
-        self._memory = interval.figures(self.procs.values(), self.orphan_share_kb)
-        if self.walker.due(now, self._memory["proc_rss_mb"] * 1024.0, interval.ran):
+        self._memory = figures = interval.figures(self.procs.values(), shared_start_kb, self.orphan_share_kb)
+        # Pages that can be shared (mapped files, /dev/shm) came or went: a
+        # segment three processes map would count three times until walked.
+        self.walker.shared_now(figures["proc_rss_file_mb"] + figures["proc_rss_shmem_mb"])
+        # Not while a process winds down: its pages leave the others' shares
+        # during the walk, and a walk is one snapshot only when nothing moves.
+        if not interval.winding and self.walker.due(now, figures["proc_rss_mb"] * 1024.0, interval.ran):
             self._walk(now)
+            self._memory = interval.figures(self.procs.values(), shared_start_kb, self.orphan_share_kb)
         total = self.retained_cpu_s + sum(p.own_s + p.children_s for p in self.procs.values())
         return total, shown_s
 
@@ -579,17 +620,21 @@ class _ProcBackend:
         """Children's CPU of a process that ran (only a process that runs can
         reap), and whether it reaped a child nbmon never saw."""
         if proc.pid == root_pid and self.root_is_self:
-            t = os.times()  # this process: no /proc read needed
-            children_s = t.children_user + t.children_system
+            children_s = _own_children_s()
             grown, proc.children_s = children_s - proc.children_s, children_s
         else:
             grown = proc.read_stat()
-        if grown > 0 and not proc.reaped:
-            interval.missed = True  # a child lived and was reaped between two samples
-            if proc.pid == root_pid and self.root_is_self:
-                interval.floor_kb = max(interval.floor_kb, self._own_children_maxrss())
-        proc.reaped = 0
+        proc.grown_s += grown
         proc.scan = True
+
+    def _unseen_children(self, interval: "_Interval") -> None:
+        """A process whose reaped children's CPU grew though it reaped none
+        that nbmon knew of had a child that lived and died between samples."""
+        for proc in self.procs.values():
+            if proc.grown_s > 0 and not proc.reaped:
+                interval.missed = True
+                if proc.pid == self.tree.pid and self.root_is_self:
+                    interval.floor_kb = max(interval.floor_kb, self._own_children_maxrss())
 
     def _own_children_maxrss(self) -> float:
         kb = float(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
@@ -597,7 +642,7 @@ class _ProcBackend:
         return kb
 
     def _read_memory(self, proc: _Proc, interval: "_Interval", slow: bool) -> None:
-        proc.start_kb = proc.rss_kb
+        proc.start_kb, proc.start_off_kb = proc.rss_kb, proc.off_kb
         if not (proc.ran or slow or proc.start_kb == 0.0):
             interval.add(proc, proc.rss_kb, proc.rss_kb)  # did not run: it cannot have grown
             return
@@ -609,7 +654,8 @@ class _ProcBackend:
             peak = bound = max(lo, taken) if taken == taken else lo
         elif status.hwm_kb < proc.hwm_kb:
             # Lower than before: something reset it (another tool, or an nbmon
-            # with exact_peaks): what the process reached before is unknown.
+            # with exact_peaks), or the process is exiting (no memory left):
+            # what it reached since the last read is unknown.
             peak, bound = lo, NAN
         elif status.hwm_kb > proc.hwm_kb or not proc.ran:
             # Rose since the last read: this interval reached it. Or did not run.
@@ -620,6 +666,8 @@ class _ProcBackend:
             if status.hwm_kb == status.hwm_kb:
                 bound = min(bound, max(lo, status.hwm_kb))
         proc.hwm_kb = status.hwm_kb
+        if rss < WINDING * proc.start_kb or status.hwm_kb == 0.0:
+            interval.winding = True
         _take(proc, status, rss)
         interval.add(proc, peak, bound)
 
@@ -633,23 +681,41 @@ class _ProcBackend:
         interval), capped at its own CPUs, the rest carried."""
         used_s = proc.cpu_s - proc.counted_s - backfill_s + proc.carry_s
         proc.counted_s = proc.cpu_s
-        cap_s = dt * _capped(float(len(proc.cpus) or _LOGICAL_CPUS), self.tree.quota) if dt > 0 else 0.0
-        shown_s = min(max(used_s, 0.0), cap_s)
+        if used_s > dt:  # more than one CPU's worth: the cap matters, and affinity can change (taskset)
+            proc.cpus = _affinity(proc.pid)
+        cpus = self._cpus_of(proc, dt)
+        self._cap_cpus |= cpus
+        # Its own CPU (its clock) ran on its CPUs; the rest (its reaped
+        # children's, carried CPU) on the children's when it reaped any.
+        own_s = min(max(used_s, 0.0), proc.own_ran_s)
+        shown_s = min(own_s, self._cap_s(proc.cpus, dt)) + \
+            min(max(used_s, 0.0) - own_s, self._cap_s(proc.reaped_cpus or proc.cpus, dt))
+        shown_s = min(shown_s, self._cap_s(cpus, dt))
         proc.carry_s = max(used_s - shown_s, 0.0)
         return shown_s
+
+    def _cap_s(self, cpus, dt: float) -> float:
+        return dt * _capped(float(len(cpus) or _LOGICAL_CPUS), self.tree.quota) if dt > 0 else 0.0
 
     def settle(self) -> None:
         """The CPU used before the run's start is no interval's."""
         for proc in self.procs.values():
             proc.counted_s, proc.carry_s = proc.cpu_s, 0.0
 
+    @staticmethod
+    def _cpus_of(proc: _Proc, dt: float) -> frozenset:
+        """Where the CPU a process shows in an interval ran: on its own CPUs,
+        and on those of the children it reaped in it, whose CPU arrives in
+        its cutime -- on theirs only, if it barely ran itself (a parent
+        waiting for a pinned child does not lend its CPUs to the child)."""
+        if proc.reaped_cpus and proc.own_ran_s <= BUSY_SHARE * dt:
+            return proc.reaped_cpus
+        return proc.cpus | proc.reaped_cpus
+
     def busy_cpus(self) -> float:
-        """The CPUs of the processes that used CPU in the interval."""
-        cpus: set = set()
-        for proc in self.procs.values():
-            if proc.busy:
-                cpus |= proc.cpus
-        return float(len(cpus))
+        """The CPUs the tree's CPU of the interval ran on (:meth:`_cpus_of`
+        of each of its processes)."""
+        return float(len(self._cap_cpus))
 
     # -- processes that went -------------------------------------------------
     def _forget(self, proc: _Proc, gone: list[_Proc], interval: "_Interval") -> None:
@@ -660,8 +726,8 @@ class _ProcBackend:
         if proc.pid == self.tree.pid:
             self.root_alive = False
         # It was there at the interval's start; what it did before it went is
-        # unknown, unless its parent (a tree member) reaped it: then the CPU it
-        # used since our last read shows in the parent's cutime.
+        # unknown (no bound), unless this process reaped it: its ru_maxrss for
+        # reaped children is then the most it can have held.
         bound = NAN
         parent = self.procs.get(proc.parent)
         if any(p.pid == proc.parent for p in gone):
@@ -671,20 +737,21 @@ class _ProcBackend:
         elif parent is not None:
             try:
                 if parent.pid == self.tree.pid and self.root_is_self:
-                    t = os.times()
-                    grown = t.children_user + t.children_system - parent.children_s
+                    grown = _own_children_s() - parent.children_s
                     parent.children_s += grown
+                    parent.grown_s += grown
                 else:
                     grown = parent.read_stat()
+                parent.grown_s += grown
                 # Counted already: its CPU up to our last read of it.
                 parent.counted_s += proc.cpu_s
                 parent.reaped += 1
-                bound = proc.start_kb + max(0.0, grown - proc.cpu_s) * FAULT_KB_PER_S
+                parent.reaped_cpus |= proc.cpus
             except OSError:
                 self.retained_cpu_s += proc.cpu_s
         else:
             self.retained_cpu_s += proc.cpu_s
-        if bound != bound and proc.parent == os.getpid() and self.root_is_self:
+        if proc.parent == os.getpid() and self.root_is_self:
             bound = max(proc.start_kb, self._own_children_maxrss())
         interval.add(proc, proc.start_kb, bound)
         interval.gone.append(proc)
@@ -751,6 +818,7 @@ class _ProcBackend:
             child.off_kb = status.rss_kb   # forked, no exec: what it has is its parent's pages
         elif status.rss_kb <= WALK_NOW_KB:
             self._walk_one(child)
+        child.start_off_kb = child.off_kb
         if self._reset:
             mark = PeakMark(child.pid)
             if mark.open():
@@ -944,10 +1012,11 @@ class _Interval:
     upper end of its bracket are set on it (:meth:`add`); those of the
     processes that went in the interval are kept here."""
 
-    __slots__ = ("gone", "ran", "missed", "floor_kb")
+    __slots__ = ("gone", "ran", "missed", "floor_kb", "winding")
 
     def __init__(self):
         self.gone: list[_Proc] = []
+        self.winding = False      # a process is exiting or gave much memory back
         self.ran = False          # a process ran (memory-wise) in the interval
         self.missed = False       # a process lived in the interval unseen: no upper bound
         self.floor_kb = 0.0       # the tree was at least this big at some moment
@@ -957,34 +1026,54 @@ class _Interval:
         """A process's best peak and its bracket's upper end in the interval (kB of RSS)."""
         proc.peak_kb, proc.bound_kb = peak_kb, bound_kb
 
-    def figures(self, procs, shared_kb: float) -> dict[str, float]:
-        """The interval's figures; ``shared_kb``: pages the tree still holds
-        that no process's last walk counted (see ``orphan_share_kb``)."""
-        rss = anon = file = shmem = threads = mem = rss_peak = peak = bound = 0.0
+    def figures(self, procs, shared_start_kb: float, shared_kb: float) -> dict[str, float]:
+        """The interval's figures. ``shared_start_kb`` and ``shared_kb``:
+        pages the tree held at the interval's start and end that no
+        process's last walk counted (see ``orphan_share_kb``).
+
+        The tree's peak is the larger of its two sums -- at the interval's
+        start and at its end, each process with its own shared offset then
+        -- plus what each process went above both of its own samples (its
+        high-water mark). Adding each process's own maximum instead would
+        count pages twice whenever they move between processes (a reader
+        mapping a shared segment takes a share from its creator); that sum
+        is the upper end of the bracket: the processes' own highs may have
+        coincided."""
+        rss = anon = file = shmem = threads = 0.0
+        at_start, at_end, rss_start = shared_start_kb, shared_kb, 0.0
+        excess = bound = 0.0
         count = 0
         for group in (procs, self.gone):
+            live = group is procs
             for proc in group:
-                if group is procs:
+                if live:
                     rss += proc.rss_kb
                     anon += proc.anon_kb
                     file += proc.file_kb
                     shmem += proc.shmem_kb
                     threads += proc.threads
-                    mem += max(proc.rss_kb - proc.off_kb, 0.0)
+                    at_end += max(proc.rss_kb - proc.off_kb, 0.0)
                     count += 1
                 self.ran = self.ran or proc.ran
-                rss_peak += proc.peak_kb
-                peak += max(proc.peak_kb - proc.off_kb, 0.0)
-                bound += max(proc.bound_kb - proc.off_kb, 0.0)
-        mem += shared_kb
-        peak = max(peak + shared_kb, mem, self.floor_kb)
-        bound = NAN if self.missed else max(bound + shared_kb, peak)
+                at_start += max(proc.start_kb - proc.start_off_kb, 0.0)
+                rss_start += proc.start_kb
+                sampled = max(proc.start_kb, proc.rss_kb if live else 0.0)
+                excess += max(proc.peak_kb - sampled, 0.0)
+                # Its own highest: at either end, or above both (then with the
+                # smaller of its two offsets: an upper end).
+                own = max(proc.start_kb - proc.start_off_kb, proc.rss_kb - proc.off_kb if live else 0.0,
+                          proc.bound_kb - min(proc.start_off_kb, proc.off_kb))
+                bound += max(own, 0.0)
+        peak = max(at_start, at_end) + excess
+        peak = max(peak, self.floor_kb)
+        bound = NAN if self.missed else max(bound + max(shared_start_kb, shared_kb), peak)
+        mem, rss_peak = at_end, max(rss_start, rss) + excess
         return {
             "proc_pss_mb": mem / 1024.0,
             "proc_pss_peak_mb": peak / 1024.0,
             "proc_pss_peak_bound_mb": bound / 1024.0,
             "proc_rss_mb": rss / 1024.0,
-            "proc_rss_peak_mb": max(rss_peak, rss) / 1024.0,
+            "proc_rss_peak_mb": rss_peak / 1024.0,
             "proc_rss_anon_mb": anon / 1024.0,
             "proc_rss_file_mb": file / 1024.0,
             "proc_rss_shmem_mb": shmem / 1024.0,
