@@ -8,7 +8,7 @@ directory of :mod:`nbmon.runtime`; never a shared one). It is removed when
 the monitor stops or the kernel exits normally; a box whose kernel is gone
 is what a death leaves behind.
 
-The file has a fixed size (8,192 + 64 bytes at most) and is only ever
+The file has a fixed size (7,936 bytes for its 8 fields) and is only ever
 written in place with ``pwrite``, each part with its own CRC-32:
 
 - a header (2,048 bytes): ``NBMONBOX``, the JSON's length and CRC, and a
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import catalog
-from .runtime import UnsafePath, open_private, pid_started, private_dir
+from .runtime import open_private, pid_started, private_dir
 
 VERSION = 1
 MAGIC = b"NBMONBOX"
@@ -54,7 +54,7 @@ HEADER_SIZE = 2048
 CELL_SIZE = 256
 SLOTS = 64                 # records: about a minute at one a second
 RECORD_EVERY_S = 1.0
-CHECK_EVERY_S = 0.25       # the consumer's cadence (a record is rewritten at most this often)
+CHECK_EVERY_S = 0.25       # while above the warning threshold: the record rewritten this often
 MAX_FIELDS = 16
 LABEL_BYTES = 200
 SUFFIX = ".box"
@@ -376,6 +376,7 @@ class BlackBox:
         self._fd: int | None = None
         self._store = None
         self._broken = False
+        self._error: OSError | None = None   # a failed cell write, said at the next consume
         self._lock = threading.Lock()
         self._layout = record_struct(len(NAMES))
         self._second = _Second(STATS)
@@ -400,6 +401,8 @@ class BlackBox:
             if self._broken:
                 return
             try:
+                if self._error is not None:
+                    raise self._error
                 if store is not self._store or self._fd is None:
                     self._open(store)
                 self._fold_container()
@@ -436,7 +439,7 @@ class BlackBox:
                   "cgroup": self.memory.cgroup if self.memory is not None else {},
                   "fields": list(NAMES)}
         if header["started"] is None:
-            raise UnsafePath(f"cannot read this process's start time from /proc/{pid}/stat")
+            raise OSError(f"cannot read this process's start time from /proc/{pid}/stat")
         path = os.path.join(box_dir(), f"{pid}-{header['started']}-{header['boot'][:8]}{SUFFIX}")
         fd = open_private(path, os.O_RDWR | os.O_CREAT)
         try:
@@ -491,8 +494,8 @@ class BlackBox:
                 return
             try:
                 self._write_cell_locked()
-            except OSError:
-                self._broken = True  # said at the next consume, on the monitor's thread
+            except OSError as err:
+                self._error = err   # said at the next consume, on the monitor's thread
                 self._close_locked()
 
     def _write_cell_locked(self) -> None:

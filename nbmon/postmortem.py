@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from . import catalog
 from .blackbox import SUFFIX, BadBox, Box, Cell, boot_id, box_dir, notebook_name, pid_namespace, read_box
 from .format import fmt, printable
-from .render import html_table, svg_timeline
+from .render import html_table, text_table
 from .runtime import alive
 from .sources.cgroup import Cgroup
 
@@ -56,8 +56,10 @@ class Death:
     """One kernel's death, as data. Times are epoch seconds, memory MiB,
     unknown figures NaN. ``cause`` is "oom", "host restarted" or
     "unknown"; ``records`` are the box's last minute: ``(wall, {field:
-    value})``, oldest first. In a notebook it shows as a record like a
-    ``%%resmon`` cell's; ``str()`` is its text."""
+    value})``, oldest first. It shows as a table (``str()``: as text); at
+    ``%load_ext nbmon`` the notebook shows it as a record like a
+    ``%%resmon`` cell's, with the timeline of ``records``
+    (:func:`nbmon.notebook.kernel_watch.death_record`)."""
 
     pid: int
     notebook: str
@@ -88,7 +90,9 @@ class Death:
                     f"{fmt(self.total_mb, 'MiB')} were available)")
         if self.cause == HOST_RESTART:
             return "the host restarted while the kernel ran"
-        return "the kernel stopped without exiting normally (killed by a signal, a crash, or its host); no OOM kill"
+        seen = ("nbmon saw no OOM kill in its container" if self.oom_kills == self.oom_kills
+                else "whether the OOM killer struck cannot be told (its cgroup is gone)")
+        return f"the kernel stopped without exiting normally (a signal, a crash, or its host); {seen}"
 
     def title(self) -> str:
         who = f"a kernel of {printable(os.path.basename(self.notebook))}" if self.notebook else "a kernel of yours"
@@ -123,24 +127,11 @@ class Death:
         ran = f" (running for {fmt(self.last_seen - cell.started, 's')})" if cell.started == cell.started else ""
         return f"{number}{printable(cell.label)}{ran}"
 
-    def timeline(self) -> str:
-        if len(self.records) < 2:
-            return ""
-        t0 = self.records[0][0]
-        t = [wall - t0 for wall, _ in self.records]
-        series = {}
-        for label, name in (("container", "cgroup_mem_used_mb"), ("tree", _tree_field(self.records)),
-                            ("CPU", "proc_cpu_percent"), ("GPU mem", "gpu_mem_used_mb")):
-            values = [values.get(name, math.nan) for _, values in self.records]
-            if name and any(v == v for v in values):
-                series[label] = (values, catalog.unit_of(name))
-        return svg_timeline(t, series)
-
-    def _repr_html_(self) -> str:
-        return html_table(self.title(), self.rows(), status="failed", extra=self.timeline())
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return {"text/html": html_table(self.title(), self.rows(), status="failed"), "text/plain": str(self)}
 
     def __str__(self) -> str:
-        return "\n".join([self.title()] + [f"  {k}: {v}" for k, v in self.rows()])
+        return text_table(self.title(), self.rows())
 
     def to_dict(self) -> dict:
         """The figures as plain data (NaN as None)."""

@@ -9,11 +9,15 @@ No IPython import: the shell and IPython's ``display`` are handed in by
 """
 from __future__ import annotations
 
+import math
 import sys
 
 from .. import postmortem
-from ..blackbox import BlackBox, CellNote
+from ..blackbox import SLOTS, BlackBox, CellNote
 from ..memwarn import MemoryWatch
+from ..render import html_table, text_table
+from ..store import BUCKET, Store
+from .charts import Record, record_timeline
 
 LABEL_CHARS = 60
 
@@ -49,6 +53,22 @@ class KernelWatch:
 
 
 WATCH = KernelWatch()
+
+
+def death_record(death: postmortem.Death) -> Record:
+    """The post-mortem as a record like a ``%%resmon`` cell's: the table, the
+    timeline's legend in it, and the timeline of the box's last minute (its
+    records, in a store of their own)."""
+    columns = list(dict.fromkeys(name for _, values in death.records for name in values))
+    timeline = None
+    if columns:
+        store = Store(columns, max_bytes=8 * max(SLOTS, 8 * BUCKET) * (len(columns) + 2))
+        window = store.open_window()
+        for wall, values in death.records:
+            store.append(wall, wall, [values.get(c, math.nan) for c in columns])
+        timeline = record_timeline(store, window.stats())
+    title, rows = death.title(), death.rows() + ([timeline.legend] if timeline is not None else [])
+    return Record(html_table(title, rows, status="failed"), text_table(title, rows), timeline)
 _hooks: dict[int, tuple] = {}
 
 
@@ -73,7 +93,10 @@ def install(shell, display) -> None:
     if problem:
         print(f"nbmon: no post-mortem: {problem}", file=sys.stderr)
     if death is not None:
-        display(death)
+        record = death_record(death)
+        display(record.table())
+        if record.timeline is not None:
+            display(record.picture())
 
 
 def uninstall(shell) -> None:
