@@ -16,7 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError

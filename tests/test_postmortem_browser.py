@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from browser_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, JupyterLab, wait_for
+from browser_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, JupyterLab, chromium_page, wait_for
 from test_cgroup import make_v1, remove
 
 MIB = 1 << 20
@@ -83,70 +83,59 @@ def brightness(color: str) -> int:
 
 
 def test_warning_then_postmortem_in_jupyterlab(lab):
-    from playwright.sync_api import sync_playwright
-
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1200, "height": 900})
+    with chromium_page(CHROMIUM, CHROMIUM_ARGS, lab, ARTIFACTS / "postmortem-failure.png") as page:
         errors: list[str] = []
         page.on("pageerror", lambda err: errors.append(str(err)))
-        try:
-            page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?reset&token={lab.token}", timeout=120_000)
-            status = page.locator("#jp-main-statusbar")
-            status.get_by_text(re.compile(r"\(ipykernel\) \| Idle")).wait_for(timeout=120_000)
-            page.get_by_role("menuitem", name="Run", exact=True).click()
-            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-            fill = page.locator(".jp-Cell").nth(1)
-            # Before the kill: the line in the running cell's output, and the meter's mark.
-            fill.get_by_text(re.compile(r"nbmon: this kernel's container is at \d")).wait_for(timeout=120_000)
-            fill.locator('.nbmon-meter[data-alert="container"]').wait_for(timeout=30_000)
-            assert re.fullmatch(r"\u26a0 9\d\.\d % of limit", fill.locator('[data-nbmon="alert"]').inner_text())
-            page.wait_for_timeout(500)
-            fill.screenshot(path=str(ARTIFACTS / "postmortem-warning.png"))
-            kills = oom_kills(lab.group)
-            (lab.root / "go").touch()
-            # The OOM killer takes the kernel; JupyterLab says so and restarts it.
-            dialog = page.locator(".jp-Dialog")
-            dialog.get_by_text(re.compile("appears to have died")).wait_for(timeout=120_000)
-            assert oom_kills(lab.group) > kills   # the truth, from the cgroup itself
-            page.screenshot(path=str(ARTIFACTS / "postmortem-kernel-died.png"))
-            dialog.get_by_role("button", name=re.compile("Ok", re.I)).click()
-            status.get_by_text(re.compile(r"\(ipykernel\) \| Idle")).wait_for(timeout=120_000)
-            # Re-running %load_ext nbmon in the new kernel shows the post-mortem.
-            first = page.locator(".jp-Cell").nth(0)
-            first.locator(".jp-InputArea-editor").click()
-            page.keyboard.press("Shift+Enter")
-            record = first.locator(".nbmon-summary")
-            record.wait_for(timeout=120_000)
-            text = record.inner_text()
-            assert f"a kernel of {NOTEBOOK} died" in text
-            assert re.search(rf"killed by the container's OOM killer at \d+ MiB of its {LIMIT_MB} MiB memory limit",
-                             text), text
-            assert re.search(r"\[\d+\] %%resmon --label fill", text), text
-            page.wait_for_timeout(500)
-            first.screenshot(path=str(ARTIFACTS / "postmortem-light.png"))
-            # Saved, the notebook keeps the record; reopened in the dark theme, it shows from the file.
-            page.keyboard.press("Control+s")
-            wait_for(lambda: " died" in json.dumps(json.loads((lab.root / NOTEBOOK).read_text())["cells"][0]["outputs"]),
-                     30, "the notebook saved with the post-mortem")
-            theme = lab.base / "settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
-            theme.parent.mkdir(parents=True, exist_ok=True)
-            theme.write_text(json.dumps({"theme": "JupyterLab Dark"}))
-            page.reload(timeout=120_000)
-            page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=60_000)
-            record = page.locator(".jp-Cell").nth(0).locator(".nbmon-summary")
-            record.wait_for(timeout=60_000)
-            assert "killed by the container's OOM killer" in record.inner_text()
-            page.wait_for_timeout(800)
-            # Dark: light text on the dark page.
-            color = page.evaluate("() => getComputedStyle(document.querySelector('.nbmon-summary td')).color")
-            assert brightness(color) > 3 * 128, color
-            page.locator(".jp-Cell").nth(0).screenshot(path=str(ARTIFACTS / "postmortem-dark.png"))
-            assert not errors, errors
-        except BaseException:
-            page.screenshot(path=str(ARTIFACTS / "postmortem-failure.png"))
-            print("page errors:", errors, "\n--- server log ---\n", lab.log_text())
-            raise
-        finally:
-            browser.close()
+        page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?reset&token={lab.token}", timeout=120_000)
+        status = page.locator("#jp-main-statusbar")
+        status.get_by_text(re.compile(r"\(ipykernel\) \| Idle")).wait_for(timeout=120_000)
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        fill = page.locator(".jp-Cell").nth(1)
+        # Before the kill: the line in the running cell's output, and the meter's mark.
+        fill.get_by_text(re.compile(r"nbmon: this kernel's container is at \d")).wait_for(timeout=120_000)
+        fill.locator('.nbmon-meter[data-alert="container"]').wait_for(timeout=30_000)
+        assert re.fullmatch(r"\u26a0 9\d\.\d % of limit", fill.locator('[data-nbmon="alert"]').inner_text())
+        page.wait_for_timeout(500)
+        fill.screenshot(path=str(ARTIFACTS / "postmortem-warning.png"))
+        kills = oom_kills(lab.group)
+        (lab.root / "go").touch()
+        # The OOM killer takes the kernel; JupyterLab says so and restarts it.
+        dialog = page.locator(".jp-Dialog")
+        dialog.get_by_text(re.compile("appears to have died")).wait_for(timeout=120_000)
+        assert oom_kills(lab.group) > kills   # the truth, from the cgroup itself
+        page.screenshot(path=str(ARTIFACTS / "postmortem-kernel-died.png"))
+        dialog.get_by_role("button", name=re.compile("Ok", re.I)).click()
+        status.get_by_text(re.compile(r"\(ipykernel\) \| Idle")).wait_for(timeout=120_000)
+        # Re-running %load_ext nbmon in the new kernel shows the post-mortem.
+        first = page.locator(".jp-Cell").nth(0)
+        first.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        record = first.locator(".nbmon-summary")
+        record.wait_for(timeout=120_000)
+        text = record.inner_text()
+        assert f"a kernel of {NOTEBOOK} died" in text
+        assert re.search(rf"killed by the container's OOM killer at \d+ MiB of its {LIMIT_MB} MiB memory limit",
+                         text), text
+        assert re.search(r"\[\d+\] %%resmon --label fill", text), text
+        page.wait_for_timeout(500)
+        first.screenshot(path=str(ARTIFACTS / "postmortem-light.png"))
+        # Saved, the notebook keeps the record; reopened in the dark theme, it shows from the file.
+        page.keyboard.press("Control+s")
+        wait_for(lambda: " died" in json.dumps(json.loads((lab.root / NOTEBOOK).read_text())["cells"][0]["outputs"]),
+                 30, "the notebook saved with the post-mortem")
+        theme = lab.base / "settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
+        theme.parent.mkdir(parents=True, exist_ok=True)
+        theme.write_text(json.dumps({"theme": "JupyterLab Dark"}))
+        page.reload(timeout=120_000)
+        page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=60_000)
+        record = page.locator(".jp-Cell").nth(0).locator(".nbmon-summary")
+        record.wait_for(timeout=60_000)
+        assert "killed by the container's OOM killer" in record.inner_text()
+        page.wait_for_timeout(800)
+        # Dark: light text on the dark page.
+        color = page.evaluate("() => getComputedStyle(document.querySelector('.nbmon-summary td')).color")
+        assert brightness(color) > 3 * 128, color
+        page.locator(".jp-Cell").nth(0).screenshot(path=str(ARTIFACTS / "postmortem-dark.png"))
+        assert not errors, errors
