@@ -35,7 +35,9 @@ from .engine import Monitor
 from .format import printable
 from .options import DEFAULT_INTERVAL_S, Options, check_interval
 from .senders import CSVSender, JSONLinesSender
+from .sources.cgroup import OwnGroup
 from .sources.proctree import EXCLUDED, all_thread_child_pids
+from .values import known
 from .summary import ResourceSummary
 
 VERBS = ("run", "demo", "report", "postmortem")
@@ -96,7 +98,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="replace output files that already exist")
     run.add_argument("--no-gpu", action="store_true", help="do not read NVIDIA GPUs")
     run.add_argument("--no-children", action="store_true", help="only the command's own process")
+    run.add_argument("--exact-peaks", action="store_true",
+                     help="reset the watched processes' high-water marks so that every peak between samples is "
+                          "exact; this changes what other tools read about them (VmHWM, ru_maxrss, time -v)")
     run.add_argument("--quiet", action="store_true", help="do not print the summary")
+    run.add_argument("--cgroup", action="store_true",
+                     help="run the command in a memory cgroup of its own, for the tree's exact peak (page "
+                          "cache included) without reading any process's high-water mark; the command's "
+                          "cgroup changes, its memory limit stays (needs the rights to make one)")
     run.add_argument("--wait-descendants", action="store_true",
                      help="when the command exits, go on until every process it started has ended")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
@@ -167,7 +176,7 @@ def _open_sender(cls, path: str | None, force: bool):
 
 def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None, *,
         force: bool = False, quiet: bool = False, tags: dict | None = None,
-        wait_descendants: bool = False) -> int:
+        wait_descendants: bool = False, own_cgroup: bool = False) -> int:
     """Run ``argv`` under a monitor; ``outputs`` maps names of STREAMS and
     REPORTS to paths; ``tags`` are added to every streamed sample (a rank's).
     Returns the exit code nbmon exits with."""
@@ -194,16 +203,21 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
     # from, counted again at exec): only above ours is it the command's own.
     own_peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     senders = []
+    group = OwnGroup.make() if own_cgroup else None
+    if own_cgroup and group is None:
+        _say(f"nbmon: --cgroup: {OwnGroup.why}; the peak is read from the processes' high-water marks")
     try:
         for name, path in streams.items():
             senders.append(_open_sender(STREAMS[name][0], path, force))
-        child = subprocess.Popen(argv)
+        child = subprocess.Popen(argv, preexec_fn=group.enter if group else None)
     except (OSError, UsageError) as err:  # an output, or the command: not a binary, ...
         for sender in senders:
             sender.close()
         for path in created:  # the command never ran: leave no empty output files behind
             if os.path.lexists(path):
                 os.unlink(path)
+        if group is not None:
+            group.close()
         if isinstance(err, UsageError):
             raise
         _say(f"nbmon: cannot run {argv[0]}: {err.strerror}")
@@ -229,6 +243,11 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     summary = _with_exit_usage(monitor.summary(), exit_, monitor.store.t_start, options.children, own_peak_kb)
+    if group is not None:
+        summary = dataclasses.replace(summary, peak_group_mem_mb=known(group.peak_mb()))
+        left_group = group.close()
+        if left_group:
+            _say(f"nbmon: {left_group}")
     for name, path in outputs.items():
         if name not in REPORTS:
             continue
@@ -360,14 +379,15 @@ def main(argv: list[str] | None = None) -> int:
             return run([sys.executable, "-m", "nbmon.demo"], Options(interval=interval),
                        {"html": ns.html}, force=ns.force)
         command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-        options = Options(interval=interval, gpu=not ns.no_gpu, children=not ns.no_children)
+        options = Options(interval=interval, gpu=not ns.no_gpu, children=not ns.no_children,
+                          exact_peaks=ns.exact_peaks)
         outputs = {name: getattr(ns, name) for name in OUTPUTS}
         try:
             tags = ranks.run_tags(ns.rank_dir, ns.rank, outputs)
         except ValueError as err:
             raise UsageError(str(err)) from None
         return run(command, options, outputs, force=ns.force, quiet=ns.quiet, tags=tags,
-                   wait_descendants=ns.wait_descendants)
+                   wait_descendants=ns.wait_descendants, own_cgroup=ns.cgroup)
     except UsageError as err:
         _say(f"nbmon: error: {err}")
         return 2

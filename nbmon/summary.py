@@ -63,7 +63,9 @@ class ResourceSummary:
     ``peak_container_mem_mb`` and ``oom_kills`` are the container's
     (cgroup's): its memory limit, its usage at its highest in the period
     (what the OOM killer compares with the limit), and the processes its
-    OOM killer killed in the period.
+    OOM killer killed in the period. ``peak_group_mem_mb`` is the exact peak
+    of a cgroup of the tree's own (``nbmon run --cgroup``): every page once,
+    page cache included.
     """
 
     peak_rss_mb: float
@@ -95,6 +97,7 @@ class ResourceSummary:
     file_growth_mb: float | None = None
     shmem_growth_mb: float | None = None
     peak_container_mem_mb: float | None = None
+    peak_group_mem_mb: float | None = None
 
     @property
     def peak_rss_kind(self) -> str:
@@ -149,7 +152,10 @@ class ResourceSummary:
             if self.peak_mem_kind == "sampled" and self.peak_mem_bound_mb is not None \
                     and self.peak_mem_bound_mb > self.peak_mem_mb + 1.0:
                 peak += f" (at most {fmt(self.peak_mem_bound_mb, mib)})"
-            rows += [(f"Peak memory ({self.peak_mem_kind})", peak),
+            rows += [(f"Peak memory ({self.peak_mem_kind})", peak)]
+            if self.peak_group_mem_mb is not None:
+                rows.append(("Peak memory (own cgroup: exact, page cache in)", fmt(self.peak_group_mem_mb, mib)))
+            rows += [
                      ("Memory growth", fmt(self.mem_growth_mb, mib, signed=True)),
                      ("Mean memory", fmt(self.mean_mem_mb, mib))]
             if self.peak_rss_mb > max(self.peak_mem_mb * SHARED_SHOWN, self.peak_mem_mb + 16.0):

@@ -444,3 +444,42 @@ def test_short_children_already_reaped_are_not_said_to_run(tmp_path):
         done = subprocess.run([*NBMON, "run", "--quiet", "--", *loop], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert "still run" not in done.stderr, (trial, done.stderr)
+
+
+# -- 7. nbmon run --cgroup: the exact peak from a group of the tree's own ---------------
+
+OWN_LIMIT = """
+import os
+line = next(l for l in open("/proc/self/cgroup") if ":memory:" in l or l.startswith("0::"))
+path = line.strip().split(":", 2)[2]
+root = "/sys/fs/cgroup/memory" if ":memory:" in line else "/sys/fs/cgroup"
+name = "memory.limit_in_bytes" if ":memory:" in line else "memory.max"
+with open(sys.argv[1] + ".limit", "w") as f:
+    f.write(open(root + path + "/" + name).read().strip() + " " + path)
+"""
+
+
+def test_nbmon_run_in_a_cgroup_of_its_own_has_the_trees_exact_peak(tmp_path):
+    """The forked pool again, under ``nbmon run --cgroup`` inside a group the
+    test makes (3 GiB): the command's own group peaked at what the test's
+    group saw, less nbmon's own memory; the command read the limit it would
+    have read; the group is gone afterwards."""
+    prefix = str(tmp_path / "work")
+    script = "import os, sys, time\n" + OWN_LIMIT + FORKED_POOL.replace(
+        'while not os.path.exists(sys.argv[1] + ".go"):\n    time.sleep(0.005)\n', "")
+    with MemoryCgroup(limit_mb=3072) as group:
+        nbmon_run = subprocess.Popen([*NBMON, "run", "--cgroup", "--summary-json", str(tmp_path / "s.json"),
+                                      "--", PY, "-c", script, prefix],
+                                     stderr=subprocess.PIPE, text=True, preexec_fn=lambda: group.add(0))
+        err = nbmon_run.communicate(timeout=180)[1]
+        assert nbmon_run.returncode == 0, err
+        outer_peak = group.peak_mb()
+        left = [d for d in os.listdir(group.path) if d.startswith("nbmon-run-")]
+    s = json.loads((tmp_path / "s.json").read_text())
+    limit, path = open(prefix + ".limit").read().split()
+    assert int(limit) == 3072 * MIB, (limit, path)                 # the limit it would have read
+    assert "nbmon-run-" in path, path                              # ... from a group of its own
+    assert outer_peak - 120 <= s["peak_group_mem_mb"] <= outer_peak, (s, outer_peak)   # nbmon's own is outside
+    assert 1024 <= s["peak_group_mem_mb"], s
+    assert left == [], left
+    assert "own cgroup" in err

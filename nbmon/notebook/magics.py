@@ -101,6 +101,9 @@ class ResmonMagics(Magics):
     @argument("--no-gpu", action="store_true", help="do not read NVIDIA GPUs")
     @argument("--no-children", action="store_true", help="only the kernel process, not its children")
     @argument("--no-system", action="store_true", help="no machine-wide figures")
+    @argument("--exact-peaks", action="store_true",
+              help="reset the watched processes' high-water marks so that every peak between samples is exact; "
+                   "this changes what other tools read about them (VmHWM, ru_maxrss, /usr/bin/time -v)")
     @argument("--backend", choices=BACKENDS, default=None,
               help="%%resmon start: sample from a helper process (default on Linux: no GIL-held C "
                    "call can stall it) or from a thread in the kernel")
@@ -125,7 +128,7 @@ class ResmonMagics(Magics):
         args.label = _unquote(args.label)
         interval = _seconds(args.interval, "--interval", DEFAULT_INTERVAL_S)
         options = Options(interval=interval, gpu=not args.no_gpu, children=not args.no_children,
-                          system=not args.no_system)
+                          system=not args.no_system, exact_peaks=args.exact_peaks)
         if cell is not None:
             if args.subcommand != "start" or args.value:
                 raise UsageError(f"%%resmon takes options only, not {args.subcommand!r}")
@@ -255,7 +258,7 @@ class ResmonMagics(Magics):
             return "nbmon: not started (%resmon to start)"
         lines = [f"nbmon: {'running' if monitor.running else 'stopped'}, every {monitor.interval:g} s, "
                  f"{monitor.store.seq if monitor.store is not None else 0} samples, pid {monitor.pid}",
-                 f"peak RSS: {'exact (kernel high-water mark)' if monitor.peak_exact else 'sampled'}",
+                 f"peaks: {monitor.peaks}",
                  f"GPU: {monitor.gpu_state}",
                  f"auto: {'on' if self.auto_threshold_s is not None else 'off'}",
                  f"cells in history: {len(SESSION.records)}"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 from .. import catalog
 
@@ -179,3 +180,81 @@ class Cgroup:
 
     def close(self) -> None:
         pass
+
+
+class OwnGroup:
+    """A memory cgroup of its own for what ``nbmon run --cgroup`` starts.
+
+    The kernel then keeps the whole tree's exact peak -- every page once,
+    page cache included (v2 ``memory.peak``, v1 ``memory.max_usage_in_bytes``)
+    -- without any process's high-water mark being touched. It is made below
+    nbmon's own memory cgroup with the limit in effect copied into it, so
+    that the command reads the limit it would have read (JVMs and Go size
+    their heaps by it); what does change for the command is its cgroup
+    (``/proc/self/cgroup``), which is why this is asked for, not done by
+    default. :meth:`make` returns None, with the reason in ``why``, where
+    no group can be made (no rights; v2 without the memory controller
+    delegated to nbmon's cgroup)."""
+
+    why = ""
+
+    def __init__(self, path: str, parent: str, version: str):
+        self.path, self.parent, self.version = path, parent, version
+        self._procs_fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+
+    @classmethod
+    def make(cls) -> "OwnGroup | None":
+        dirs = cgroup_dirs(os.getpid())
+        parent, version = dirs.get("memory"), dirs.get("memory_version")
+        if not parent:
+            cls.why = "no memory cgroup here"
+            return None
+        if version == "2" and "memory" not in _read(os.path.join(parent, "cgroup.subtree_control")).split():
+            cls.why = f"the memory controller is not delegated below {parent}"
+            return None
+        container = Cgroup(dirs=dirs)
+        container.start(0.0)
+        limit = container._memory_limit()
+        path = os.path.join(parent, f"nbmon-run-{os.getpid()}")
+        try:
+            os.mkdir(path, 0o755)
+        except OSError as err:
+            cls.why = f"cannot make a cgroup in {parent}: {err.strerror}"
+            return None
+        try:
+            if limit == limit:
+                with open(os.path.join(path, "memory.max" if version == "2" else "memory.limit_in_bytes"), "w") as f:
+                    f.write(str(int(limit)))
+            return cls(path, parent, version)
+        except OSError as err:
+            os.rmdir(path)
+            cls.why = f"cannot set up the cgroup {path}: {err.strerror}"
+            return None
+
+    def enter(self) -> None:
+        """Move the calling process into the group (``Popen(preexec_fn=...)``:
+        the command is in it before its first allocation)."""
+        os.write(self._procs_fd, b"0")
+
+    def peak_mb(self) -> float:
+        name = "memory.peak" if self.version == "2" else "memory.max_usage_in_bytes"
+        return _number(_read(os.path.join(self.path, name))) / MIB
+
+    def close(self) -> str:
+        """Give what still runs in the group back to nbmon's own cgroup and
+        remove the group; returns a sentence when it could not be removed."""
+        os.close(self._procs_fd)
+        for pid in _read(os.path.join(self.path, "cgroup.procs")).split():
+            try:
+                with open(os.path.join(self.parent, "cgroup.procs"), "w") as f:
+                    f.write(pid)
+            except OSError:
+                pass  # exited meanwhile
+        for _ in range(100):  # a process just moved out can keep it busy for an instant
+            try:
+                os.rmdir(self.path)
+                return ""
+            except OSError as err:
+                error = err
+                time.sleep(0.01)
+        return f"could not remove the cgroup {self.path}: {error.strerror}"
