@@ -413,3 +413,177 @@ def test_the_workers_history_keeps_whole_cells_within_its_bounds(monkeypatch):
     assert len(frame) == 30_000 and frame["execution_count"].iloc[0] == 10_001
     nbdask._keep([{**base, "execution_count": 20_001, "worker": f"tcp://w{k}", "host": "h"} for k in range(60_000)])
     assert len(nbdask.history()) == 60_000 and set(nbdask.history()["execution_count"]) == {20_001}
+
+
+# -- Dask: batches from any client of the scheduler, the host lock -----------------------------
+
+HOLD_LOCK = textwrap.dedent("""
+    import fcntl, os, sys, time
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o666)
+    os.fchmod(fd, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
+            Client(lc, set_as_default=False) as client:
+        yield client
+
+
+def nbmon_threads_here() -> list[str]:
+    import threading
+
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("nbmon-"))
+
+
+def bad_batches(topic_columns, real: str, wall: float) -> list[tuple[str, dict]]:
+    """(what, message): events any client of the scheduler can log to the topic."""
+    import numpy as np
+
+    from nbmon.dask.wire import Encoder
+
+    encoder = Encoder(topic_columns)
+    rows = np.ones((len(topic_columns), 4))
+
+    def batch(worker, at=wall, **changes):
+        msg = dict(encoder.encode(np.linspace(at - 1, at, 4), rows), w=worker)
+        msg.update(changes)
+        return msg
+
+    header = encoder.header({"host": "nowhere", "name": "fake", "pid": 1, "machine": False, "period_s": 1.0})
+    inf_rows = np.full((len(topic_columns), 4), np.inf)
+    return [
+        ("a worker address that is a number", batch(12345, h=header)),
+        ("a worker name that is not text", batch("tcp://fake-name:1", h={**header, "name": 12345})),
+        ("a host name that is a list", batch("tcp://fake-host:1", h={**header, "host": ["x"]})),
+        ("t = 1e300", batch(real, t=[1e300, 1e300])),
+        ("t = -1e300", batch(real, t=[-1e300, -1e300])),
+        ("t = NaN", batch(real, t=[float("nan"), float("nan")])),
+        ("t = text", batch(real, t="soon")),
+        ("an 8 MiB array", batch(real, g=b"\0" * (8 << 20))),
+        ("a short array", batch(real, g=b"\0" * 12)),
+        ("arrays as text", batch(real, g="abc", c="def")),
+        ("infinite values", dict(Encoder(topic_columns).encode(np.linspace(wall - 1, wall, 4), inf_rows), w=real)),
+        ("a header of columns nbmon does not have", batch("tcp://fake-cols:1", h={**header, "cols": ["x" * 1000]})),
+        ("a header of 5,000 columns", batch("tcp://fake-many:1", h={**header, "cols": ["proc_rss_mb"] * 5000})),
+        ("a left worker that is a list", {"left": ["tcp://x"]}),
+        ("a list", [1, 2, 3]),
+        ("text", "hello"),
+    ]
+
+
+def test_bad_batches_from_another_client_leave_the_view_and_stop_sane(ip, dask_client):
+    from distributed import Client
+    from IPython.utils.capture import capture_output
+
+    import nbmon.dask
+    from nbmon.dask import feeds
+
+    ip.user_ns["harm_client"] = dask_client
+    with capture_output():
+        ip.run_line_magic("resmon", "--dask harm_client")
+    watch = nbmon.dask.watching()
+    try:
+        assert watch.ready(20)
+        view = watch.views[0]
+        real = watch.registered[0]
+        columns = watch.collector.feeds[real].decoder.columns
+        with Client(dask_client.scheduler.address, set_as_default=False) as other:   # any client of the scheduler
+            bad = bad_batches(columns, real, time_now())
+            for _, msg in bad:
+                other.log_event(watch.topic, msg)
+            # and more workers than a watch takes, each with its own (valid) header
+            for k in range(feeds.MAX_WORKERS + 50):
+                msg = bad_batches(columns, real, time_now())[1][1]
+                other.log_event(watch.topic, {**msg, "w": f"tcp://10.{k // 250}.{k % 250}.1:1",
+                                              "h": {**msg["h"], "name": f"fake{k}"}})
+            expected = len(bad) - 2 + 50   # the two fake workers with a bad name or host are taken, their text dropped
+            wait_until(lambda: watch.collector.unread >= expected, what=lambda: f"{watch.collector.unread} ignored")
+        view.refresh(force=True)
+        x_range = view.widget.layout.xaxis.range
+        title = view.widget.layout.title.text
+        figure("bad batches on the watch's topic", ignored=watch.collector.unread, errors=watch.collector.errors,
+               workers=len(watch.collector.feeds), x_range=[round(x, 1) for x in x_range], view_errors=view.errors)
+        assert watch.collector.errors == 0 and view.errors == 0
+        assert len(watch.collector.feeds) == feeds.MAX_WORKERS
+        assert -feeds.MAX_SKEW_S <= x_range[0] < x_range[1] <= time_now() - watch.collector.t0 + feeds.MAX_SKEW_S
+        assert "event(s) on the topic ignored" in title
+        assert all(isinstance(f.name, str) and isinstance(f.host, str) for f in watch.collector.workers())
+    finally:
+        with capture_output() as stopped:
+            ip.run_line_magic("resmon", "stop")   # before: TypeError from the worker name 12345
+    assert nbmon.dask.watching() is None
+    assert "Traceback" not in stopped.stdout + stopped.stderr
+    assert dask_client.run(nbmon_threads_here) == {w: [] for w in dask_client.scheduler_info()["workers"]}
+
+
+def time_now() -> float:
+    import time
+
+    return time.time()
+
+
+def test_a_host_lock_the_other_user_holds_leaves_the_hosts_figures_reported(dask_client, other_user):
+    """The second user creates and holds (flock) the lock file before the
+    watch starts, at the name the workers would use (from the topic: any
+    client of the scheduler sees the topics)."""
+    import hashlib
+    import math
+
+    from nbmon.dask.client import Watch
+    from nbmon.options import Options
+
+    watch = Watch(dask_client, Options(gpu=False))
+    planted = f"/dev/shm/nbmon-host-{hashlib.sha1(watch.topic.encode()).hexdigest()[:20]}.lock"
+    holder = other_user.popen([other_user.python_exe, "-c", HOLD_LOCK, planted], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "ready\n"
+    watch.start()
+    try:
+        def machine_figures():
+            for feed in watch.collector.workers():
+                if feed.store is not None and len(feed.store) and feed.about.get("machine"):
+                    _, _, values = feed.store.series(["sys_mem_used_mb"])
+                    if any(not math.isnan(v) for v in values["sys_mem_used_mb"]):
+                        return feed
+            return None
+
+        reporter = wait_until(machine_figures, timeout=20, what="a worker reporting the host's memory")
+        figure("Dask host lock held by another user", reporter=reporter.address,
+               reporters=sum(bool(f.about.get("machine")) for f in watch.collector.workers()))
+    finally:
+        assert watch.stop() == {}
+
+
+def test_a_private_directory_the_other_user_made_first_is_said_not_silent(other_user, shared_dir, monkeypatch):
+    """On a host where /tmp is shared (here a directory like it, as TMPDIR of
+    the workers), the second user made ``nbmon-<uid>`` before the victim: the
+    host lock cannot be had, and the view says so."""
+    from distributed import Client, LocalCluster
+
+    import nbmon.dask
+
+    monkeypatch.setenv("TMPDIR", shared_dir)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    other_user.python("import os, sys; os.mkdir(sys.argv[1], 0o777)", os.path.join(shared_dir, f"nbmon-{os.geteuid()}"))
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
+            Client(lc, set_as_default=False) as client:
+        watch = nbmon.dask.watch(client, gpu=False)
+        try:
+            assert watch.ready(20)
+            view = watch.view(start=False)
+            (feed,) = watch.collector.workers()
+            view.refresh(force=True)
+            said = view.widget.layout.title.text
+            record = view.close()
+        finally:
+            nbmon.dask.unwatch()
+    figure("private directory taken by another user", said=said.split("<br>")[-1])
+    expected = f"no machine figures on {feed.host}: no host lock: {shared_dir}/nbmon-{os.geteuid()} belongs to uid"
+    assert expected in said and expected in record
+    assert not feed.about["machine"]

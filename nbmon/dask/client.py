@@ -113,7 +113,8 @@ class Watch:
 
     def run_each(self, fn, *args, workers=None, timeout: float = CALL_TIMEOUT_S) -> dict:
         """``fn(*args)`` on each worker (default: every worker the watch knows
-        of that has not left), each answer bounded by ``timeout``:
+        of that has not left) that the scheduler has -- an address that only
+        an event named is not asked --, each answer bounded by ``timeout``:
         ``{worker: result, or the exception it raised or timed out with}``."""
         if workers is None:
             feeds = self.collector.feeds
@@ -121,7 +122,9 @@ class Watch:
             workers = [a for a in known if a not in feeds or feeds[a].state == "live"]
         client = self.client
 
-        async def one(address):
+        async def one(address, scheduled):
+            if address not in scheduled:
+                return LookupError(f"the scheduler has no worker {address}")
             try:
                 answers = await asyncio.wait_for(client.run(fn, *args, workers=[address]), timeout)
                 return answers[address]
@@ -129,7 +132,8 @@ class Watch:
                 return err
 
         async def each():
-            return dict(zip(workers, await asyncio.gather(*(one(a) for a in workers))))
+            scheduled = (await asyncio.wait_for(client.scheduler.identity(n_workers=-1), timeout))["workers"]
+            return dict(zip(workers, await asyncio.gather(*(one(a, scheduled) for a in workers))))
 
         if not workers:
             return {}

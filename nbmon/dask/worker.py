@@ -11,10 +11,13 @@ notebook's subscription. Tearing the plugin down on the last worker of a
 process stops the monitor: no nbmon thread is left behind.
 
 The machine (CPU, memory, disk, network of the host) is sampled by one
-process per host and watch: :class:`HostMachine` holds a lock file; the
-others try to take it over every few seconds, so a host stays covered when
-its reporter dies. :class:`Roster`, a SchedulerPlugin, tells the notebook
-when a worker joins or leaves, including one that was killed.
+process per host and watch: :class:`HostMachine` holds a lock file in the
+user's private directory (:func:`nbmon.runtime.private_dir`: another user
+of the host can neither hold it nor plant one); the others try to take it
+over every few seconds, so a host stays covered when its reporter dies;
+locks whose holder was killed are swept. :class:`Roster`, a
+SchedulerPlugin, tells the notebook when a worker joins or leaves,
+including one that was killed.
 """
 from __future__ import annotations
 
@@ -23,13 +26,12 @@ import hashlib
 import math
 import os
 import socket
-import tempfile
 import threading
 import weakref
 
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
-from .. import catalog
+from .. import catalog, runtime
 from ..engine import Monitor
 from ..options import Options
 from ..sources.machine import Machine
@@ -45,20 +47,22 @@ TAKEOVER_S = 2.0   # how often a host's other processes try to take the machine 
 HEARTBEATS_PER_BATCH = 1.5
 
 
-def _lock_dir() -> str:
-    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+LOCKS = "dask"   # the host locks' directory, in the private one
 
 
 class HostMachine:
     """The machine's figures from the one process per host that holds the
-    host lock of ``key``; NaN in every other process."""
+    host lock of ``key``; NaN in every other process. ``problem``: why this
+    process cannot take part (its private directory is not to be had), in
+    words, else None."""
 
     name = "machine (one process per host)"
 
     def __init__(self, key: str):
         self.fields = catalog.names(catalog.MACHINE)
-        digest = hashlib.sha1(key.encode()).hexdigest()[:20]
-        self.path = os.path.join(_lock_dir(), f"nbmon-host-{digest}.lock")
+        self.digest = hashlib.sha1(key.encode()).hexdigest()[:20]
+        self.path: str | None = None
+        self.problem: str | None = None
         self._none = dict.fromkeys(self.fields, NAN)
         self._machine: Machine | None = None
         self._fd = -1
@@ -70,13 +74,21 @@ class HostMachine:
         return self._fd >= 0
 
     def start(self, now: float) -> None:
+        try:
+            directory = runtime.private_dir(LOCKS)
+        except OSError as err:   # another user's, a link: this process does not report the host
+            self.problem = f"no host lock: {err}"
+            return
+        self.path = os.path.join(directory, f"host-{self.digest}.lock")
+        _sweep(directory)
         self._try(now)
 
     def _try(self, now: float) -> None:
         self._next_try = now + TAKEOVER_S
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError:  # no room or no rights there: this process does not report the host
+            fd = runtime.open_private(self.path)
+        except OSError as err:  # no room there, or not a file of ours: this process does not report the host
+            self.problem = f"no host lock: {err}"
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -92,7 +104,7 @@ class HostMachine:
         self._fd, self._machine = fd, machine
 
     def sample(self, now: float) -> dict[str, float]:
-        if self._fd < 0 and now >= self._next_try:
+        if self._fd < 0 and self.path is not None and now >= self._next_try:
             self._try(now)
         return self._machine.sample(now) if self._fd >= 0 else self._none
 
@@ -108,6 +120,28 @@ class HostMachine:
 
 
 _host_machines: "weakref.WeakSet[HostMachine]" = weakref.WeakSet()
+
+
+def _sweep(directory: str) -> None:
+    """Remove the host locks of watches whose holder died (no process holds
+    them): taken, unlinked while held, as a holder leaves its own."""
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith("host-") and n.endswith(".lock")]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            fd = runtime.open_private(path, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(path)
+        except OSError:   # held: a live watch's
+            pass
+        finally:
+            os.close(fd)
 
 
 def _drop_locks_in_child() -> None:
@@ -182,6 +216,7 @@ class _Hub:
                 "limit_mb": limit / MIB if limit else None,
                 "spill": fraction("memory_spill_fraction"), "pause": fraction("memory_pause_fraction"),
                 "machine": self.machine is not None and self.machine.elected, "period_s": self.every_s,
+                "machine_problem": self.machine.problem if self.machine is not None else None,
                 "peaks": self.monitor.peaks, "gpu": self.monitor.gpu_state}
 
     def _pace(self, workers) -> None:

@@ -405,8 +405,10 @@ class ClusterView:
                  f"CPU {fmt(last.get('cpu'), '%')}", f"RSS {fmt(last.get('memory'), 'MiB')}"]
         if "gpu_util" in last:
             parts.append(f"GPU {fmt(last['gpu_util'], '%')}")
-        text = " · ".join(parts)
-        return text + " · stopped" if self.frozen else text
+        text = " · ".join(parts) + (" · stopped" if self.frozen else "")
+        said = notes(self.collector, feeds)
+        return text + (f"<br><span style='font-size:11px;color:#a33'>{html.escape('; '.join(said))}</span>"
+                       if said else "")
 
     # -- the refresher -----------------------------------------------------------
     def start(self) -> "ClusterView":
@@ -495,6 +497,24 @@ def workers_cell_html(rows: list[dict]) -> str:
     return table_html("nbmon · the cell on each worker", WORKER_HEADER, body, "nbmon-workers")
 
 
+def notes(collector, feeds, most: int = 3) -> list[str]:
+    """What degrades the figures, in words: the hosts whose machine figures
+    nobody reports, and why (the first ``most``); events on the topic that
+    were ignored."""
+    covered = {f.host for f in feeds if f.state == "live" and f.about.get("machine")}
+    problems: dict[str, str] = {}
+    for f in feeds:
+        if f.state == "live" and f.host not in covered and f.about.get("machine_problem"):
+            problems.setdefault(f.host, f.about["machine_problem"])
+    said = [f"no machine figures on {host}: {why}" for host, why in list(problems.items())[:most]]
+    if len(problems) > most:
+        said.append(f"nor on {len(problems) - most} more host(s)")
+    if collector.unread or collector.errors:
+        said.append(f"{collector.unread + collector.errors} event(s) on the topic ignored, "
+                    f"the last: {collector.reason or collector.last_error}")
+    return said
+
+
 def cluster_record_html(collector, rows=ROWS) -> str:
     """Static record of a watch: per worker its peak RSS, mean CPU, CPU time
     and GPU memory peak over the watch, and a timeline of the cluster's totals."""
@@ -522,9 +542,11 @@ def cluster_record_html(collector, rows=ROWS) -> str:
                 totals[f"cluster {row.short}"] = (across(matrix, catalog.BY_NAME[row.headline].total or "sum"),
                                                   catalog.unit_of(row.headline))
     timeline = svg_timeline(edges, totals) if feeds else ""
+    said = "".join(f'<div style="color:#a33;font:11px system-ui,sans-serif">{html.escape(line)}</div>'
+                   for line in notes(collector, feeds))
     return (f'<div class="nbmon-cluster-record">'
             f'{table_html(f"nbmon · Dask cluster · {len(feeds)} workers", WORKER_HEADER, body, "nbmon-workers")}'
-            f'{timeline}</div>')
+            f'{said}{timeline}</div>')
 
 
 # -- the ranks of a distributed job ---------------------------------------------------
