@@ -3,7 +3,8 @@
 In JupyterHub, Kubernetes or a Colab-like host the kernel is killed when its
 container (cgroup) reaches its memory limit. :class:`MemoryWatch` reads the
 container's memory once a second, and four times a second once it is within
-20 points of the threshold (a kernel that allocates fast crosses the last
+20 points of the threshold or would be there within two reads at the pace
+it grew since the last one (a kernel that allocates fast crosses the last
 tenth of its limit between two one-second reads), and says once per
 crossing when it reaches ``percent`` of the limit. Its ``every_s`` follows
 (the consumers' thread reads it before each call): no wake-up is spent on
@@ -106,6 +107,7 @@ class MemoryWatch:
         self.say = say
         self.running_cell = running_cell
         self.level: Level | None = None
+        self._before: Level | None = None   # the read before ``level``
         self.warning: Level | None = None
         self.container: tuple[float, float, float] | None = None
         self.crossings: deque[tuple[float, Level]] = deque(maxlen=CROSSINGS_KEPT)
@@ -119,12 +121,15 @@ class MemoryWatch:
 
     @property
     def every_s(self) -> float:
-        near = self.percent is not None and self.level is not None \
-            and self.level.percent >= self.percent - NEAR_POINTS
+        level, before = self.level, self._before
+        if self.percent is None or level is None:
+            return FAR_EVERY_S
+        pace = max(0.0, level.percent - before.percent) if before is not None and before.kind == level.kind else 0.0
+        near = level.percent + 2 * pace >= self.percent - NEAR_POINTS
         return NEAR_EVERY_S if near else FAR_EVERY_S
 
     def consume(self, store, final: bool) -> None:
-        self.level = self._read(store)
+        self._before, self.level = self.level, self._read(store)
         self._judge(self.level)
 
     def close(self) -> None:

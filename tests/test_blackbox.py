@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from IPython.utils.capture import capture_output
 
+from cgroups import MemoryCgroup
 from helpers import RecordingComm, wait_until
 from multiuser import other_user, shared_dir  # noqa: F401 - fixtures
 from nbmon import blackbox, postmortem
@@ -27,7 +28,7 @@ from nbmon.engine import Monitor
 from nbmon.memwarn import MemoryWatch
 from nbmon.notebook.meter import Meter, MeterFeed
 from nbmon.options import Options
-from test_cgroup import make_v1, remove
+from test_postmortem import without_swap
 
 MIB = 1 << 20
 
@@ -307,28 +308,29 @@ def test_load_ext_shows_the_death_once_and_never_raises_on_bad_boxes(boxes, ipyt
 # -- the warning ----------------------------------------------------------------------
 
 
+GROUP_LIMIT_MB = 1024
+
+
 @pytest.fixture
 def gigabyte():
     """A process in a cgroup limited to 1 GiB; it runs what the test writes to its stdin."""
-    group = make_v1("memory", {"memory.limit_in_bytes": str(1024 * MIB), "memory.swappiness": "0"})
-    shell = subprocess.Popen([sys.executable, "-u", "-c", "import sys\nchunks = []\nfor line in sys.stdin: exec(line)"],
-                             stdin=subprocess.PIPE, text=True)
-    with open(os.path.join(group, "cgroup.procs"), "w") as f:
-        f.write(str(shell.pid))
-    yield shell, group
-    shell.stdin.close()
-    shell.wait(30)
-    remove(group)
+    with MemoryCgroup(limit_mb=GROUP_LIMIT_MB) as group:
+        without_swap(group)
+        shell = subprocess.Popen([sys.executable, "-u", "-c",
+                                  "import sys\nchunks = []\nfor line in sys.stdin: exec(line)"],
+                                 stdin=subprocess.PIPE, text=True)
+        group.add(shell.pid)
+        yield shell, group
+        shell.stdin.close()
+        shell.wait(30)
 
 
-def working_set_percent(group: str) -> float:
+def working_set_percent(group: MemoryCgroup) -> float:
     """The group's usage less its inactive page cache, in % of its limit, read by the test."""
-    def read(name):
-        with open(os.path.join(group, name)) as f:
-            return f.read()
-    usage = int(read("memory.usage_in_bytes"))
-    stat = dict(line.split() for line in read("memory.stat").splitlines())
-    return 100.0 * (usage - int(stat["total_inactive_file"])) / int(read("memory.limit_in_bytes"))
+    with open(os.path.join(group.path, "memory.stat")) as f:
+        stat = dict(line.split() for line in f)
+    inactive = int(stat["total_inactive_file" if group.version == 1 else "inactive_file"]) / MIB
+    return 100.0 * (group.usage_mb() - inactive) / GROUP_LIMIT_MB
 
 
 def test_the_warning_holds_its_threshold_hysteresis_and_one_line_per_cell(gigabyte):
@@ -395,33 +397,36 @@ def meminfo_used_percent() -> float:
 
 
 def test_without_a_limit_the_machine_counts_and_the_meter_marks_it():
-    group = make_v1("memory", {})     # a cgroup with no limit
-    shell = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        with open(os.path.join(group, "cgroup.procs"), "w") as f:
-            f.write(str(shell.pid))
-        used = meminfo_used_percent()
-        said = []
-        watch = MemoryWatch(shell.pid, max(0.5, used / 2), say=said.append, running_cell=lambda: 1)
-        with Monitor(shell.pid, interval=0.05, gpu=False, consumers=[watch]) as monitor:
-            wait_until(lambda: said, what="the machine's warning")
-            assert watch.warning.kind == "machine"
-            assert abs(watch.warning.percent - meminfo_used_percent()) < 2
-            assert said[0].startswith("nbmon: this machine's memory is ") and len(said) == 1
-            comm = RecordingComm(target_name="jupyter.widget")
-            meter = Meter(comm=comm)
-            feed = MeterFeed(meter, monitor, hz=20.0)
-            try:
-                wait_until(lambda: meter.memory_alert == "machine", what="the meter's mark")
-            finally:
-                feed.finish("done")
-                meter.close()
-            (sent,) = [u for u in comm.updates() if u.get("memory_alert")][:1]
-            assert sent["memory_alert"] == "machine" and abs(sent["memory_alert_percent"] - watch.warning.percent) < 2
-    finally:
-        shell.kill()
-        shell.wait(30)
-        remove(group)
+    with MemoryCgroup() as group:     # a cgroup with no limit
+        shell = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            group.add(shell.pid)
+            machine_warning(shell.pid)
+        finally:
+            shell.kill()
+            shell.wait(30)
+
+
+def machine_warning(pid: int) -> None:
+    """A watch on ``pid`` (in a cgroup with no limit) with a threshold below
+    the machine's use: it warns of the machine's memory, and the meter marks it."""
+    said = []
+    watch = MemoryWatch(pid, max(0.5, meminfo_used_percent() / 2), say=said.append, running_cell=lambda: 1)
+    with Monitor(pid, interval=0.05, gpu=False, consumers=[watch]) as monitor:
+        wait_until(lambda: said, what="the machine's warning")
+        assert watch.warning.kind == "machine"
+        assert abs(watch.warning.percent - meminfo_used_percent()) < 2
+        assert said[0].startswith("nbmon: this machine's memory is ") and len(said) == 1
+        comm = RecordingComm(target_name="jupyter.widget")
+        meter = Meter(comm=comm)
+        feed = MeterFeed(meter, monitor, hz=20.0)
+        try:
+            wait_until(lambda: meter.memory_alert == "machine", what="the meter's mark")
+        finally:
+            feed.finish("done")
+            meter.close()
+    (sent,) = [u for u in comm.updates() if u.get("memory_alert")][:1]
+    assert sent["memory_alert"] == "machine" and abs(sent["memory_alert_percent"] - watch.warning.percent) < 2
 
 
 @pytest.mark.parametrize("bad", [0, 100, -5, 150, math.nan, "90", True])

@@ -21,10 +21,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 from nbformat.v4 import new_code_cell, new_notebook
 
+from cgroups import MemoryCgroup
 from helpers import wait_until
-from test_cgroup import make_v1, remove
 
-MIB = 1 << 20
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 LIMIT_MB = 450
 WARNING = re.compile(r"nbmon: this kernel's container is at (\d+(?:\.\d+)?) % of its (.+?) memory limit \((.+?)\); "
@@ -121,27 +120,29 @@ def kill_when(path: Path, pid: int) -> threading.Thread:
     return thread
 
 
+def without_swap(group: MemoryCgroup) -> None:
+    """At the limit the group's processes are killed, not swapped out."""
+    name, value = ("memory.swappiness", "0") if group.version == 1 else ("memory.swap.max", "0")
+    with open(os.path.join(group.path, name), "w") as f:
+        f.write(value)
+
+
 @pytest.fixture
 def limited_kernelspec(tmp_path, monkeypatch):
-    """A kernel spec whose kernel runs in its own memory cgroup (cgroup v1,
-    limited to LIMIT_MB, no swap): as a kernel in a container does. Yields
-    (kernel name, cgroup directory)."""
-    group = make_v1("memory", {"memory.limit_in_bytes": str(LIMIT_MB * MIB), "memory.swappiness": "0"})
-    spec = tmp_path / "jupyter" / "kernels" / "limited"
-    spec.mkdir(parents=True)
-    # The shell moves itself into the group, then becomes the kernel (same pid).
-    launch = 'echo $$ > "$1/cgroup.procs" && exec "$2" -m ipykernel_launcher -f "$0"'
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": ["/bin/sh", "-c", launch, "{connection_file}", group, sys.executable],
-        "display_name": "limited", "language": "python"}))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    yield "limited", group
-    remove(group)
-
-
-def oom_kills(group: str) -> int:
-    with open(os.path.join(group, "memory.oom_control")) as f:
-        return int(dict(line.split() for line in f)["oom_kill"])
+    """A kernel spec whose kernel runs in its own memory cgroup (limited to
+    LIMIT_MB, no swap): as a kernel in a container does. Yields (kernel
+    name, the group)."""
+    with MemoryCgroup(limit_mb=LIMIT_MB) as group:
+        without_swap(group)
+        spec = tmp_path / "jupyter" / "kernels" / "limited"
+        spec.mkdir(parents=True)
+        # The shell moves itself into the group, then becomes the kernel (same pid).
+        launch = 'echo $$ > "$1/cgroup.procs" && exec "$2" -m ipykernel_launcher -f "$0"'
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": ["/bin/sh", "-c", launch, "{connection_file}", group.path, sys.executable],
+            "display_name": "limited", "language": "python"}))
+        monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+        yield "limited", group
 
 
 def test_oom_kill_warned_before_and_told_after(private_dir, limited_kernelspec, tmp_path):
@@ -154,27 +155,27 @@ def test_oom_kill_warned_before_and_told_after(private_dir, limited_kernelspec, 
         fill = first.nb.cells[-1]
         status = first.process.wait(30)
     # What killed it, from outside nbmon: the cgroup's own counter and the exit status.
-    assert oom_kills(group) >= 1 and status == -signal.SIGKILL
+    assert group.oom_kills() >= 1 and status == -signal.SIGKILL
     # The warning line came in the cell's output before the kill: once, with the limit set.
     warnings = WARNING.findall(stderr_of(fill))
     assert len(warnings) == 1, fill.outputs
     percent, limit, _used = warnings[0]
-    assert 90 <= float(percent) < 100 and limit == f"{LIMIT_MB} MiB"
+    assert 90 <= float(percent) < 100 and limit == f"{LIMIT_MB} MiB", warnings
     number = fill.execution_count
-    assert isinstance(number, int) and number >= 2
+    assert isinstance(number, int) and number >= 2, number
 
     with Kernel(notebook) as second:
         load = second.run("%load_ext nbmon")
         (record,) = postmortems(load)
-        assert f"killed by the container&#x27;s OOM killer at" in record
-        assert f"of its {LIMIT_MB} MiB memory limit" in record
-        assert f"[{number}] %%resmon --label fill" in record
+        assert "killed by the container&#x27;s OOM killer at" in record, record
+        assert f"of its {LIMIT_MB} MiB memory limit" in record, record
+        assert f"[{number}] %%resmon --label fill" in record, record
         death = last_death(second)
-    assert death["cause"] == "oom" and death["oom_kills"] >= 1
-    assert death["memory_limit_mb"] == LIMIT_MB
+    assert death["cause"] == "oom" and death["oom_kills"] >= 1, death
+    assert death["memory_limit_mb"] == LIMIT_MB, death
     assert death["memory_peak_mb"] >= 0.85 * LIMIT_MB, death
-    assert death["cell"]["number"] == number and death["cell"]["running"]
-    assert death["notebook"] == notebook
+    assert death["cell"]["number"] == number and death["cell"]["running"], death
+    assert death["notebook"] == notebook, death
 
     # Shown once; still there as data.
     with Kernel(notebook) as third:

@@ -15,9 +15,9 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from browser_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, JupyterLab, chromium_page, wait_for
-from test_cgroup import make_v1, remove
+from cgroups import MemoryCgroup
+from test_postmortem import without_swap
 
-MIB = 1 << 20
 LIMIT_MB = 900
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 NOTEBOOK = "train.ipynb"
@@ -28,8 +28,8 @@ import pathlib, time
 group = pathlib.Path({group!r})
 def percent():
     stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
-    used = int((group / "memory.usage_in_bytes").read_text()) - int(stat["total_inactive_file"])
-    return 100 * used / int((group / "memory.limit_in_bytes").read_text())
+    used = int((group / {usage!r}).read_text()) - int(stat[{inactive!r}])
+    return 100 * used / {limit}
 chunks = []
 while not pathlib.Path("go").exists():
     if percent() < 93:
@@ -44,14 +44,18 @@ while True:
 def lab(tmp_path_factory):
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"Chromium is not installed at {CHROMIUM}: the browser tests need a real browser")
-    group = make_v1("memory", {"memory.limit_in_bytes": str(LIMIT_MB * MIB), "memory.swappiness": "0"})
+    group = MemoryCgroup(limit_mb=LIMIT_MB)
+    without_swap(group)
     base = tmp_path_factory.mktemp("postmortem-lab")
     runtime = base / "xdg"
     runtime.mkdir(mode=0o700)
     root = base / "root"
     root.mkdir()
+    fill = FILL.format(group=group.path, limit=LIMIT_MB << 20,
+                       usage="memory.usage_in_bytes" if group.version == 1 else "memory.current",
+                       inactive="total_inactive_file" if group.version == 1 else "inactive_file")
     nb = new_notebook(metadata={"kernelspec": KERNELSPEC},
-                      cells=[new_code_cell("%load_ext nbmon"), new_code_cell(FILL.format(group=group))])
+                      cells=[new_code_cell("%load_ext nbmon"), new_code_cell(fill)])
     nbformat.write(nb, root / NOTEBOOK)
     saved = os.environ.get("XDG_RUNTIME_DIR")
     os.environ["XDG_RUNTIME_DIR"] = str(runtime)   # the server's kernels inherit it: their boxes go there
@@ -59,8 +63,7 @@ def lab(tmp_path_factory):
     try:
         server.start()
         # The server's kernels, started from now on, are the container's processes.
-        with open(os.path.join(group, "cgroup.procs"), "w") as f:
-            f.write(str(server.proc.pid))
+        group.add(server.proc.pid)
         server.group = group
         yield server
     finally:
@@ -69,13 +72,7 @@ def lab(tmp_path_factory):
             os.environ.pop("XDG_RUNTIME_DIR", None)
         else:
             os.environ["XDG_RUNTIME_DIR"] = saved
-        # The server has left the group (it exited); the group can go.
-        remove(group)
-
-
-def oom_kills(group: str) -> int:
-    with open(os.path.join(group, "memory.oom_control")) as f:
-        return int(dict(line.split() for line in f)["oom_kill"])
+        group.close()   # the server has left the group (it exited)
 
 
 def brightness(color: str) -> int:
@@ -99,12 +96,12 @@ def test_warning_then_postmortem_in_jupyterlab(lab):
         assert re.fullmatch(r"\u26a0 9\d\.\d % of limit", fill.locator('[data-nbmon="alert"]').inner_text())
         page.wait_for_timeout(500)
         fill.screenshot(path=str(ARTIFACTS / "postmortem-warning.png"))
-        kills = oom_kills(lab.group)
+        kills = lab.group.oom_kills()
         (lab.root / "go").touch()
         # The OOM killer takes the kernel; JupyterLab says so and restarts it.
         dialog = page.locator(".jp-Dialog")
         dialog.get_by_text(re.compile("appears to have died")).wait_for(timeout=120_000)
-        assert oom_kills(lab.group) > kills   # the truth, from the cgroup itself
+        assert lab.group.oom_kills() > kills   # the truth, from the cgroup itself
         page.screenshot(path=str(ARTIFACTS / "postmortem-kernel-died.png"))
         dialog.get_by_role("button", name=re.compile("Ok", re.I)).click()
         status.get_by_text(re.compile(r"\(ipykernel\) \| Idle")).wait_for(timeout=120_000)
