@@ -23,10 +23,10 @@ written in place with ``pwrite``, each part with its own CRC-32:
 A record holds its second's statistic of each field over every sample taken
 in it (the highest memory, the lowest available memory, the mean CPU), so a
 spike between two records is not lost; the container's figures are the
-memory warning's reads (:mod:`nbmon.memwarn`), four a second near its
-threshold. While memory is above the threshold, the current second's record
-is rewritten at every check (four a second), so the last record before an
-OOM kill is at most 0.25 s old. Every part is one small ``pwrite`` into the
+memory warning's reads (:mod:`nbmon.memwarn`). While the memory is near the
+warning threshold (within 20 points, or heading there fast) both read four
+times a second and the current second's record is rewritten at each read,
+so the last record before an OOM kill is at most 0.25 s old. Every part is one small ``pwrite`` into the
 page cache: a process killed at any moment leaves each part whole.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ HEADER_SIZE = 2048
 CELL_SIZE = 256
 SLOTS = 64                 # records: about a minute at one a second
 RECORD_EVERY_S = 1.0
-CHECK_EVERY_S = 0.25       # while above the warning threshold: the record rewritten this often
+CHECK_EVERY_S = 0.25       # near the warning threshold: the record rewritten this often
 MAX_FIELDS = 16
 LABEL_BYTES = 200
 SUFFIX = ".box"
@@ -389,11 +389,14 @@ class BlackBox:
         self._container = [math.nan] * len(CONTAINER)   # this second's: highest usage, last limit, most kills
 
     @property
+    def _near(self) -> bool:
+        return self.memory is not None and self.memory.near
+
+    @property
     def every_s(self) -> float:
-        """Once a second; four times a second while the memory is above the
+        """Once a second; four times a second while the memory is near the
         warning threshold (the consumers' thread reads it before each call)."""
-        hot = self.memory is not None and self.memory.warning is not None
-        return CHECK_EVERY_S if hot else RECORD_EVERY_S
+        return CHECK_EVERY_S if self._near else RECORD_EVERY_S
 
     # -- the consumer --------------------------------------------------------
     def consume(self, store, final: bool) -> None:
@@ -409,8 +412,8 @@ class BlackBox:
                 now = time.monotonic()
                 rolled = now - self._second_t0 >= RECORD_EVERY_S - CHECK_EVERY_S / 2
                 # The samples are folded and the record written once a second, or at
-                # every check while the memory is above the warning threshold.
-                if rolled or (self.memory is not None and self.memory.warning is not None):
+                # every check while the memory is near the warning threshold.
+                if rolled or self._near:
                     self._fold(store)
                     self._write_record()
                 if rolled:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .format import fmt
+from .options import DEFAULT_MEMORY_WARNING_PERCENT
 from .sources.cgroup import MIB, Cgroup
 
 REARM_POINTS = 5.0      # a crossing ends this far below the threshold
@@ -93,8 +94,8 @@ class MemoryWatch:
     ``say(text)`` is called on the monitor's consumers thread with the
     warning line; ``running_cell()`` names the running cell (None between
     cells). For the meter, the chart and the black box: ``level`` (the
-    newest :class:`Level`), ``warning`` (that level while a crossing lasts,
-    else None), ``container`` ((usage, limit, OOM kills) as read, or None),
+    newest :class:`Level`), ``near`` (read four times a second), ``warning``
+    (that level while a crossing lasts, else None), ``container`` ((usage, limit, OOM kills) as read, or None),
     ``cgroup`` (the container's cgroup directories) and ``crossings``
     ((epoch s, Level) of the last 32)."""
 
@@ -120,13 +121,20 @@ class MemoryWatch:
         self._told_in = None
 
     @property
-    def every_s(self) -> float:
+    def near(self) -> bool:
+        """Within 20 points of the threshold (the default one if there is no
+        warning: the black box still wants the last seconds), or there within
+        two reads at the pace of the last one."""
         level, before = self.level, self._before
-        if self.percent is None or level is None:
-            return FAR_EVERY_S
+        if level is None:
+            return False
+        threshold = DEFAULT_MEMORY_WARNING_PERCENT if self.percent is None else self.percent
         pace = max(0.0, level.percent - before.percent) if before is not None and before.kind == level.kind else 0.0
-        near = level.percent + 2 * pace >= self.percent - NEAR_POINTS
-        return NEAR_EVERY_S if near else FAR_EVERY_S
+        return level.percent + 2 * pace >= threshold - NEAR_POINTS
+
+    @property
+    def every_s(self) -> float:
+        return NEAR_EVERY_S if self.near else FAR_EVERY_S
 
     def consume(self, store, final: bool) -> None:
         self._before, self.level = self.level, self._read(store)
