@@ -530,7 +530,7 @@ def time_now() -> float:
     return time.time()
 
 
-def test_a_host_lock_the_other_user_holds_leaves_the_hosts_figures_reported(dask_client, other_user):
+def test_a_host_lock_the_other_user_holds_leaves_the_hosts_figures_reported(dask_client, other_user, protected):
     """The second user creates and holds (flock) the lock file before the
     watch starts, at the name the workers would use (from the topic: any
     client of the scheduler sees the topics)."""
@@ -555,7 +555,8 @@ def test_a_host_lock_the_other_user_holds_leaves_the_hosts_figures_reported(dask
             return None
 
         reporter = wait_until(machine_figures, timeout=20, what="a worker reporting the host's memory")
-        figure("Dask host lock held by another user", reporter=reporter.address,
+        figure(f"Dask host lock held by another user (protected {'on' if protected else 'off'})",
+               reporter=reporter.address,
                reporters=sum(bool(f.about.get("machine")) for f in watch.collector.workers()))
     finally:
         assert watch.stop() == {}
