@@ -303,6 +303,8 @@ def test_load_ext_shows_the_death_once_and_never_raises_on_bad_boxes(boxes, ipyt
         ipython.display_formatter.active_types = saved
     assert len(shown[0]) == 1 and "chunks = []" in shown[0][0] and shown[1] == []
     assert id(ipython) not in magics._loaded
+    hooks = ipython.events.callbacks["pre_run_cell"] + ipython.events.callbacks["post_run_cell"]
+    assert not [h for h in hooks if getattr(h, "__module__", "") == "nbmon.notebook.kernel_watch"]
 
 
 # -- the warning ----------------------------------------------------------------------

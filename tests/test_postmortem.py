@@ -227,9 +227,10 @@ def test_normal_shutdown_leaves_no_box_and_no_postmortem(private_dir):
 def test_two_kernels_at_once_each_their_own_box(private_dir, tmp_path):
     flag = tmp_path / "a-running"
     with Kernel("a.ipynb") as a, Kernel("b.ipynb") as b:
-        for kernel in (a, b):
+        # a in auto mode (a thread samples it), b with the live dashboard (a helper process does)
+        for kernel, watch in ((a, "%resmon auto on"), (b, "%resmon")):
             kernel.run("%load_ext nbmon")
-            kernel.run("%resmon auto on")
+            kernel.run(watch)
         wait_until(lambda: {a.pid, b.pid} <= set(boxes(private_dir).values()), what="a box for each kernel")
         assert len(boxes(private_dir)) == 2
         kill_when(flag, a.pid)
