@@ -172,7 +172,7 @@ class Collector:
             raise Refused("a batch without two finite times")
         wall = float(times[1])
         if not self.t0 - MAX_SKEW_S <= wall <= arrived + MAX_SKEW_S:
-            raise Refused(f"a batch {wall - arrived:+.0f} s from its arrival, or from before the watch")
+            raise Refused(f"a batch timed before the watch started or over {MAX_SKEW_S:g} s after it arrived")
         decoder = Decoder(columns) if columns is not None and (address not in self.feeds or (
             self.feeds[address].decoder is None or self.feeds[address].decoder.columns != columns)) else None
         try:

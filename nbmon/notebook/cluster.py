@@ -41,6 +41,7 @@ GRID_POINTS = 300        # points of a total or band trace
 BANDS = ("min", "max", "median")   # the compact view's traces per row, in drawing order
 STALE_PERIODS = 3        # a worker's last batch stands for it this many periods, then it is a gap
 LINE_FROM = 0.5          # a memory threshold is drawn once a worker's RSS reaches this share of it
+TOP_MARGIN, NOTE_PX = 80, 16   # px above the charts: the title, and each line of notes (what degrades them)
 _EMPTY = np.empty(0, dtype=np.float32)
 
 
@@ -193,7 +194,7 @@ class ClusterView:
         fig.update_xaxes(matches="x")   # one range to set per frame
         fig.update_xaxes(title_text="seconds since the watch started", row=2)
         fig.update_layout(height=560, template="plotly_white", hovermode="closest", uirevision="nbmon",
-                          margin={"l": 50, "r": 30, "t": 80, "b": 40}, legend={"font": {"size": 10}},
+                          margin={"l": 50, "r": 30, "t": TOP_MARGIN, "b": 40}, legend={"font": {"size": 10}},
                           title={"text": "waiting for the workers…", "x": 0.01, "font": {"size": 14}})
         return fig
 
@@ -290,7 +291,10 @@ class ClusterView:
                     self.widget.layout.shapes = [shape for _, shape in lines]
                     self._lines = lines
                 self.widget.layout.xaxis.range = [lo, now]
-                self.widget.layout.title.text = self._headline(feeds, payload)
+                said = notes(self.collector, feeds)
+                self.widget.layout.title.text = self._headline(feeds, payload) + "".join(
+                    f"<br><span style='font-size:11px;color:#a33'>{html.escape(line)}</span>" for line in said)
+                self.widget.layout.margin.t = TOP_MARGIN + NOTE_PX * len(said)   # a line each, above the charts
             self._seq = seq
             self.refreshes += 1
             self.last_frame_bytes = frame_bytes({i: p[1:] for i, p in enumerate(payload)})
@@ -405,10 +409,8 @@ class ClusterView:
                  f"CPU {fmt(last.get('cpu'), '%')}", f"RSS {fmt(last.get('memory'), 'MiB')}"]
         if "gpu_util" in last:
             parts.append(f"GPU {fmt(last['gpu_util'], '%')}")
-        text = " · ".join(parts) + (" · stopped" if self.frozen else "")
-        said = notes(self.collector, feeds)
-        return text + (f"<br><span style='font-size:11px;color:#a33'>{html.escape('; '.join(said))}</span>"
-                       if said else "")
+        text = " · ".join(parts)
+        return text + " · stopped" if self.frozen else text
 
     # -- the refresher -----------------------------------------------------------
     def start(self) -> "ClusterView":
