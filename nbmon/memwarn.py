@@ -95,9 +95,9 @@ class MemoryWatch:
     warning line; ``running_cell()`` names the running cell (None between
     cells). For the meter, the chart and the black box: ``level`` (the
     newest :class:`Level`), ``near`` (read four times a second), ``warning``
-    (that level while a crossing lasts, else None), ``container`` ((usage, limit, OOM kills) as read, or None),
-    ``cgroup`` (the container's cgroup directories) and ``crossings``
-    ((epoch s, Level) of the last 32)."""
+    (that level while a crossing lasts, else None), ``container`` ((usage,
+    limit, OOM kills) as read, or None), ``cgroup`` (the container's cgroup
+    directories) and ``crossings`` ((epoch s, Level) of the last 32)."""
 
     name = "MemoryWatch"
     at_start = True

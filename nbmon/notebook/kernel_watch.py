@@ -69,6 +69,8 @@ def death_record(death: postmortem.Death) -> Record:
         timeline = record_timeline(store, window.stats())
     title, rows = death.title(), death.rows() + ([timeline.legend] if timeline is not None else [])
     return Record(html_table(title, rows, status="failed"), text_table(title, rows), timeline)
+
+
 _hooks: dict[int, tuple] = {}
 
 
@@ -88,12 +90,12 @@ def install(shell, display) -> None:
     WATCH.say = _say
     try:
         death, problem = postmortem.claim()
+        record = death_record(death) if death is not None else None
     except Exception as err:  # noqa: BLE001 - never let a post-mortem stop the extension loading
-        death, problem = None, f"{type(err).__name__}: {err}"
+        record, problem = None, f"{type(err).__name__}: {err}"
     if problem:
         print(f"nbmon: no post-mortem: {problem}", file=sys.stderr)
-    if death is not None:
-        record = death_record(death)
+    if record is not None:
         display(record.table())
         if record.timeline is not None:
             display(record.picture())
