@@ -589,3 +589,38 @@ def test_a_private_directory_the_other_user_made_first_is_said_not_silent(other_
     expected = f"no machine figures on {feed.host}: no host lock: {shared_dir}/nbmon-{os.geteuid()} belongs to uid"
     assert expected in said and expected in record
     assert not feed.about["machine"]
+
+
+def test_a_user_who_may_not_remove_the_planted_file_is_told_before_anything_runs(other_user, shared_dir, tmp_path):
+    """Not root, the victim may not unlink the second user's file in a sticky
+    directory: ``--force`` is refused in one sentence, before the command
+    runs, and their file is neither written nor truncated."""
+    import contextlib
+    import io
+
+    from helpers import in_forked_child
+    from multiuser import local_user
+
+    from nbmon import cli
+
+    out = os.path.join(shared_dir, "run.csv")
+    other_user.python("import os, sys; open(sys.argv[1], 'w').write('theirs\\n'); os.chmod(sys.argv[1], 0o666)", out)
+    marker = os.path.join(shared_dir, "ran")
+    with local_user() as victim:
+        def as_victim():
+            os.setgroups([])
+            os.setgid(victim.gid)
+            os.setuid(victim.uid)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                code = cli.main(["run", "--interval", "0.05", "--csv", out, "--force", "--",
+                                 "/bin/sh", "-c", f": > {marker}"])
+            return {"code": code, "stderr": err.getvalue()}
+
+        said = in_forked_child(as_victim)
+    figure("--force over another user's file, not root", exit=said["code"], said=said["stderr"].strip(),
+           their_file=open(out).read()[:40])
+    assert said["code"] == 2 and said["stderr"] == (
+        f"nbmon: error: cannot replace {out!r}: it belongs to another user, in a directory where only "
+        f"a file's owner may remove it\n")
+    assert open(out).read() == "theirs\n" and not os.path.exists(marker)
