@@ -39,8 +39,7 @@ MAX_SKEW_S = 300.0     # a batch's time: not before the watch started, nor after
 MAX_COLUMNS = 4096     # of a header (a worker's metrics, GPUs included)
 _ABOUT = {             # what a header may say of its worker, and how it is checked
     "host": "text", "name": "text", "gpu": "text", "peaks": "text", "pid": "count", "machine": "flag",
-    "peak_exact": "flag", "limit_mb": "size", "period_s": "size", "spill": "fraction", "pause": "fraction",
-    "machine_problem": "sentence",
+    "limit_mb": "size", "period_s": "size", "spill": "fraction", "pause": "fraction", "machine_problem": "sentence",
 }
 
 
@@ -74,7 +73,7 @@ def _columns(header) -> tuple[str, ...]:
         raise Refused("a header that is not a mapping")
     columns = header.get("cols")
     if not isinstance(columns, (list, tuple)) or not 0 < len(columns) <= MAX_COLUMNS:
-        raise Refused("a header without a list of columns")
+        raise Refused(f"a header without a list of 1 to {MAX_COLUMNS} columns")
     if not all(isinstance(c, str) and catalog.metric_of(c) is not None for c in columns) \
             or len(set(columns)) != len(columns):
         raise Refused("a header with columns that are not nbmon's metrics")
@@ -86,7 +85,7 @@ class WorkerFeed:
 
     def __init__(self, address: str):
         self.address = address
-        self.about: dict = {}        # the last header, less the columns
+        self.about: dict = {}        # what its last header said (feeds._ABOUT), checked
         self.decoder: Decoder | None = None
         self.store: Store | None = None
         self.state = "live"          # or "gone" once the scheduler saw it leave
@@ -165,7 +164,9 @@ class Collector:
             raise Refused("a worker address that is not text")
         header = msg.get("h")
         columns = _columns(header) if header is not None else None
-        if columns is None and (address not in self.feeds or self.feeds[address].decoder is None):
+        known = self.feeds.get(address)
+        current = known.decoder if known is not None else None
+        if columns is None and current is None:
             raise Refused("a batch before its worker's header")
         times = msg.get("t")
         if not isinstance(times, (list, tuple)) or len(times) != 2 or not all(map(_number, times)):
@@ -173,10 +174,10 @@ class Collector:
         wall = float(times[1])
         if not self.t0 - MAX_SKEW_S <= wall <= arrived + MAX_SKEW_S:
             raise Refused(f"a batch timed before the watch started or over {MAX_SKEW_S:g} s after it arrived")
-        decoder = Decoder(columns) if columns is not None and (address not in self.feeds or (
-            self.feeds[address].decoder is None or self.feeds[address].decoder.columns != columns)) else None
+        decoder = current if columns is None or (current is not None and current.columns == columns) \
+            else Decoder(columns)
         try:
-            row = (decoder or self.feeds[address].decoder).row(msg)
+            row = decoder.row(msg)
         except (ValueError, KeyError, TypeError) as err:
             raise Refused(f"a batch that does not fit its header ({err})") from None
         if np.isinf(row).any():
@@ -184,7 +185,7 @@ class Collector:
         feed = self._feed(address)   # only now: a refused event makes no feed
         if header is not None:
             feed.about = _about(header)
-        if decoder is not None:
+        if decoder is not current:
             feed.decoder = decoder
             feed.store = Store(decoder.store_columns, self.max_bytes)
         latest = feed.store.latest()
