@@ -67,6 +67,29 @@ INIT_SCRIPT = r"""(() => {
 })();"""
 
 
+# Contrast (WCAG) of the chart's texts against what is behind them, read in
+# the page: the hover box's texts against its box, the cell bands' labels
+# against the band over the page.
+CONTRASTS = r"""(plot) => {
+  const rgb = (c) => (c.match(/[\d.]+/g) || []).map(Number);
+  const over = (fg, bg) => [0, 1, 2].map((i) => fg[i] * (fg[3] ?? 1) + bg[i] * (1 - (fg[3] ?? 1)));
+  let page = [255, 255, 255];
+  for (let n = plot; n; n = n.parentElement) {
+    const c = rgb(getComputedStyle(n).backgroundColor);
+    if (c.length && (c[3] ?? 1) > 0) { page = c.slice(0, 3); break; }
+  }
+  const lum = (c) => { const l = c.map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+                       return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2]; };
+  const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+  const fill = (el) => { const s = getComputedStyle(el); return over([...rgb(s.fill).slice(0, 3), +s.fillOpacity], page); };
+  const box = plot.querySelector(".hoverlayer .legend rect.bg, .hoverlayer .hovertext path");
+  const hover = box ? [...plot.querySelectorAll(".hoverlayer text")].map((t) => ratio(fill(t), fill(box))) : [];
+  const band = over([128, 128, 128, 0.1], page);
+  const labels = [...plot.querySelectorAll(".shape-label-text")].map((t) => ratio(fill(t), band));
+  return { hover, labels };
+}"""
+
+
 def execute_time(frames, pattern: str, reply: str = "execute_input") -> float:
     """Page time at which the kernel began to run the cell matching
     ``pattern`` (its execute_input: "Run All" sends every request at once),

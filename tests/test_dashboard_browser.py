@@ -15,19 +15,20 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from browser_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, JupyterLab, wait_for
-from dashboard_page import INIT_SCRIPT, execute_time, idle_figures
-from nbmon.notebook.charts import ROWS
+from dashboard_page import CONTRASTS, INIT_SCRIPT, execute_time, idle_figures
 
 IDLE_S = 30            # the issue's window: an open dashboard, nothing running
 FIRST_OUTPUT_S = 0.5   # %resmon to its first output in the page
 KIB_PER_S = 4.0        # kernel -> browser while idle, default settings
-KERNEL = tuple(row.headline for row in ROWS[:2])   # the kernel's own traces: CPU and memory
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 CELLS = ["%load_ext nbmon", "%resmon", "total = sum(range(3 * 10**6))", "%%resmon --label labelled\ntotal + 1"]
 # A cell that runs until the test has seen what it needs (a file appears),
 # not for a fixed time that a slow first page load could outlast.
-WAIT_FOR_TEST = ("import pathlib, time\nt0 = time.monotonic()\n"
-                 "while not pathlib.Path('go').exists() and time.monotonic() - t0 < 120:\n    time.sleep(0.05)")
+WAIT_FOR = ("import pathlib, time\nt0 = time.monotonic()\n"
+            "while not pathlib.Path({name!r}).exists() and time.monotonic() - t0 < 180:\n    time.sleep(0.05)")
+WAIT_FOR_TEST = WAIT_FOR.format(name="go")
+WINDOW_S = 8.0         # the window test's --window
+MIN_CONTRAST = 4.5     # WCAG AA, for every text of the chart
 
 
 def write_notebook(path: Path, cells) -> None:
@@ -44,6 +45,8 @@ def lab(tmp_path_factory):
     for name in ("lab.ipynb", "nb7.ipynb"):
         write_notebook(root / name, CELLS)
     write_notebook(root / "stop.ipynb", ["%load_ext nbmon", "%resmon", WAIT_FOR_TEST, "%resmon stop"])
+    write_notebook(root / "window.ipynb", ["%load_ext nbmon", f"%resmon --window {WINDOW_S:g} --interval 0.1", "x = 1",
+                                           WAIT_FOR.format(name="window-go"), "%resmon stop"])
     server = JupyterLab(base, root)
     server.start()
     try:
@@ -114,8 +117,29 @@ class Page:
                     cells: (plot._fullLayout.shapes || []).filter(s => s.name === 'nbmon-cell')
                              .map(s => s.label.text),
                     hover: (plot.data.find(t => t.meta === 'cells') || {}).hovertext || [],
+                    bands: (plot._fullLayout.shapes || []).filter(s => s.name === 'nbmon-cell').map(s => [s.x0, s.x1]),
+                    last: Math.max(...plot.data.filter(t => t.meta !== 'cells').map(t => t.x[t.x.length - 1] ?? -1)),
                     xrange: plot._fullLayout.xaxis.range};
         }""")
+
+    def contrasts(self) -> dict:
+        return self.page.evaluate(CONTRASTS, self.page.locator(".nbmon-live-record .js-plotly-plot").first.element_handle())
+
+    def plot_area(self) -> dict:
+        """The first row's plot area on screen."""
+        return self.page.locator(".nbmon-live-record .js-plotly-plot .nsewdrag").first.bounding_box()
+
+    def hover(self, seconds: float) -> None:
+        """Move the mouse to and fro across the first row for ``seconds``."""
+        box = self.plot_area()
+        steps = int(seconds / 0.05)
+        for k in range(steps):
+            frac = 0.1 + 0.8 * abs((k % 40) - 20) / 20
+            self.page.mouse.move(box["x"] + box["width"] * frac, box["y"] + box["height"] / 2)
+            self.page.wait_for_timeout(50)
+
+    def sent(self, t0: float) -> list:
+        return [f for f in self.frames() if f["dir"] == "send" and f["t"] >= t0]
 
     def shot(self, name: str) -> None:
         self.page.screenshot(path=str(ARTIFACTS / name), full_page=True)
@@ -126,8 +150,13 @@ class Page:
         return idle_figures(self.frames(), t0, self.now())
 
 
+def kernel_traces(chart) -> dict:
+    """{trace: points drawn} of the kernel's own traces (its process tree's)."""
+    return {k: n for k, n in chart["points"].items() if k.startswith("proc_")}
+
+
 def wait_for_chart(page: Page, cells: int = 0, timeout: float = 90):
-    return wait_for(lambda: (c := page.chart()) and min(c["points"][k] for k in KERNEL) > 3
+    return wait_for(lambda: (c := page.chart()) and min(kernel_traces(c).values()) > 3
                     and len(c["cells"]) >= cells and c,
                     timeout, f"the live chart with data and {cells} cell band(s)")
 
@@ -187,7 +216,7 @@ def test_lab_dashboard_is_quick_one_way_and_survives_the_kernel(lab, browser):
         assert idle["status"] == 0, idle
         assert idle["kernel_to_browser_bytes_per_s"] <= KIB_PER_S * 1024, idle
         later = page.chart()
-        assert all(later["points"][k] > chart["points"][k] for k in KERNEL), "the chart stopped growing"
+        assert all(later["points"][k] > n for k, n in kernel_traces(chart).items()), "the chart stopped growing"
 
         # saved while running; then the kernel restarts: the chart says it is not live any more
         save(page, lab, "lab.ipynb")
@@ -223,6 +252,11 @@ def test_dark_theme_and_a_clean_stop(lab, browser):
         wait_for_chart(page)
         # dark: the chart's text follows the theme, the record's too
         assert sum(map(int, re.findall(r"\d+", page.chart()["font"])[:3])) > 3 * 128, page.chart()["font"]
+        wait_for_chart(page, cells=1)
+        page.hover(1.0)   # the hover box: light text on a dark box, not white on white
+        contrasts = page.contrasts()
+        assert contrasts["hover"] and min(contrasts["hover"]) >= MIN_CONTRAST, contrasts
+        assert contrasts["labels"] and min(contrasts["labels"]) >= MIN_CONTRAST, contrasts
         page.shot("dashboard-dark.png")
         (lab.root / "go").touch()
         # %resmon stop ran: the chart is gone, the final record shows, and no page error
@@ -264,5 +298,76 @@ def test_notebook7_dashboard_survives_the_kernel(lab, browser):
         print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
         raise
     finally:
+        page.page.close()
+        shut_down_kernels(lab)
+
+
+def boxes_meet(a: dict, b: dict) -> bool:
+    return a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"] \
+        and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"]
+
+
+def test_the_window_holds_and_hover_zoom_or_resize_send_nothing(lab, browser):
+    page = Page(browser, lab, "window")
+    try:
+        page.open("/lab/tree/window.ipynb")
+        page.run_all()
+        # the window holds whatever cells ran: the x axis is the last WINDOW_S seconds,
+        # the bands inside it (the quick cell left with its time, the running one is clipped)
+        chart = wait_for(lambda: (c := wait_for_chart(page, cells=1)) and c["last"] > 2 * WINDOW_S and c, 90,
+                         "a full window")
+        x0, x1 = chart["xrange"]
+        assert x1 - x0 <= WINDOW_S + 0.5 and x1 >= chart["last"] - 1.0, chart["xrange"]
+        assert chart["bands"] and all(x0 - 1e-6 <= a <= b <= x1 + 1e-6 for a, b in chart["bands"]), chart
+        assert chart["cells"] == ["[4]"], chart["cells"]
+
+        # hovering: nothing to the kernel, and the hover box reads
+        t0 = page.now()
+        page.hover(3.0)
+        assert page.sent(t0) == [], page.sent(t0)
+        contrasts = page.contrasts()
+        assert contrasts["hover"] and min(contrasts["hover"]) >= MIN_CONTRAST, contrasts
+        assert contrasts["labels"] and min(contrasts["labels"]) >= MIN_CONTRAST, contrasts
+        page.shot("dashboard-hover.png")
+
+        # zoom into the live part: nothing sent, and the zoom stays while points arrive
+        box = page.plot_area()
+        t0 = page.now()
+        page.page.mouse.move(box["x"] + box["width"] * 0.2, box["y"] + box["height"] / 2)
+        page.page.mouse.down()
+        page.page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] / 2, steps=8)
+        page.page.mouse.up()
+        page.page.wait_for_timeout(500)
+        zoomed = page.chart()["xrange"]
+        assert zoomed[1] - zoomed[0] < 0.5 * (x1 - x0), zoomed
+        page.page.wait_for_timeout(2000)
+        assert page.chart()["xrange"] == zoomed
+        # a double click follows the window again
+        page.page.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        wait_for(lambda: page.chart()["xrange"][1] > zoomed[1] + 1, 30, "the chart to follow the window again")
+        assert page.sent(t0) == [], page.sent(t0)
+
+        # half the width: nothing sent, and still legible (no title under the legend or the toolbar)
+        t0 = page.now()
+        page.page.set_viewport_size({"width": 760, "height": 1000})
+        wait_for(lambda: (c := page.chart()) and c["width"] <= c["room"] + 2 and c["room"] < 600, 30,
+                 "the chart to follow the narrower page")
+        page.page.wait_for_timeout(1500)
+        page.hover(1.0)   # the toolbar shows while the mouse is over the chart
+        plot = page.page.locator(".nbmon-live-record .js-plotly-plot").first
+        title = plot.locator(".gtitle").bounding_box()
+        legend = plot.locator(".infolayer .legend").first.bounding_box()
+        toolbar = plot.locator(".modebar").first.bounding_box()
+        assert not boxes_meet(title, legend), (title, legend)
+        assert not boxes_meet(title, toolbar), (title, toolbar)
+        assert page.sent(t0) == [], page.sent(t0)
+        page.shot("dashboard-narrow.png")
+        (lab.root / "window-go").touch()
+    except BaseException:
+        page.shot("dashboard-window-failure.png")
+        print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
+        raise
+    finally:
+        (lab.root / "window-go").touch()
         page.page.close()
         shut_down_kernels(lab)

@@ -228,6 +228,7 @@ def _figure(columns, x_title: str):
                          secondary_y=False,
                          **({"range": list(row.machine_range)} if machine and row.machine_range else {}))
     fig.update_xaxes(title_text=x_title, row=n, col=1)
+    fig.update_xaxes(hoverformat=".1f")   # the hover's header: seconds, not 9.301387
     cells_axis = 2 * n + 1
     fig.add_trace(go.Bar(x=[], y=[], meta="cells", name="cells", xaxis="x", yaxis=f"y{cells_axis}",
                          marker={"color": "rgba(0,0,0,0)"}, hoverinfo="text", showlegend=False))
