@@ -326,10 +326,15 @@ def _left_running(exit_: _Exit) -> list[int]:
         if pid == 0:  # none ended: the rest still run
             break
         exit_.add(usage)
-    try:
-        return [pid for pid in all_thread_child_pids(os.getpid()) if pid not in EXCLUDED]
-    except OSError:  # no /proc (not Linux)
-        return []
+    left, queue = [], [os.getpid()]
+    while queue:  # each of them, and what runs below it
+        try:
+            children = [pid for pid in all_thread_child_pids(queue.pop()) if pid not in EXCLUDED]
+        except OSError:  # gone meanwhile, or no /proc (not Linux)
+            continue
+        left += children
+        queue += children
+    return left
 
 
 def _with_exit_usage(summary: ResourceSummary, exit_: _Exit, t_start: float, children: bool,

@@ -70,7 +70,7 @@ def test_quickstart_cell_summary_has_the_cells_numbers(quickstart):
     assert [o for o in c.outputs if "image/png" in o.get("data", {})]   # the timeline: a picture of its own
     rows = summary_rows(summary)
     assert mib(row(rows, "Peak memory")) >= 150, rows
-    assert mib(row(rows, "RSS growth")) >= 150, rows
+    assert mib(row(rows, "Memory growth")) >= 150, rows
     assert percent(row(rows, "CPU mean")) > 20, rows
     assert seconds(row(rows, "Duration")) >= 1.0, rows
     assert int(row(rows, "Samples")) >= 2, rows

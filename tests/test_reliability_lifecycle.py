@@ -55,12 +55,14 @@ def rss_mib() -> float:
 
 
 def _helper_of(cmd: list[str], parent: int | None) -> bool:
-    """Whether ``cmd`` is a sampler helper (``python -m nbmon.helper PID
-    PARENT_PID OPTIONS_JSON``), started by ``parent`` if given."""
-    if "nbmon.helper" not in cmd:
+    """Whether ``cmd`` is a sampler helper (``python -I -c BOOT PATH_JSON PID
+    PARENT_PID OPTIONS_JSON``, see nbmon.helper), started by ``parent`` if given."""
+    from nbmon.helper import _BOOT
+
+    if _BOOT not in cmd:
         return False
-    args = cmd[cmd.index("nbmon.helper") + 1:]
-    return parent is None or (len(args) >= 2 and args[1] == str(parent))
+    args = cmd[cmd.index(_BOOT) + 1:]
+    return parent is None or (len(args) >= 3 and args[2] == str(parent))
 
 
 def helper_running(pid: int, parent: int | None = None) -> bool:

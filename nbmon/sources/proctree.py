@@ -89,7 +89,7 @@ REFRESH_WALK_S = 5.0        # a tree that ran is walked again at most this often
 WALK_NOW_KB = 64 * 1024.0   # a new exec'd process this small is walked when found
 WALK_S_PER_KB = 1.1e-8      # the first guess of a walk's cost (11 ms per GiB), then measured
 BUSY_SHARE = 0.01           # a process that used less of one CPU than this in an interval barely ran
-WINDING = 0.75             # a process whose RSS fell below this share in an interval winds down
+UNMAP_SLACK_KB = 1024.0    # a process whose shareable RSS fell by more than this is unmapping
 SHARED_MOVE_MB = 16.0       # shareable RSS (files, /dev/shm) moved this much since the last walk:
 SHARED_MOVE_SHARE = 0.05    # ... or by this share of it: walk again
 
@@ -169,7 +169,7 @@ class _Proc:
                  "own_s", "children_s", "counted_s", "carry_s", "ran_s", "own_ran_s", "ran", "busy", "scan",
                  "threads", "rss_kb", "start_kb", "hwm_kb", "anon_kb", "file_kb", "shmem_kb",
                  "off_kb", "walked", "reaped", "reaped_cpus", "grown_s", "read_bytes", "write_bytes", "cpus", "exited",
-                 "peak_kb", "bound_kb", "share_kb", "start_off_kb")
+                 "peak_kb", "bound_kb", "share_kb", "start_off_kb", "shareable_kb")
 
     def __init__(self, pid: int, parent: int | None, keep: bool):
         self.pid, self.parent = pid, parent
@@ -207,6 +207,7 @@ class _Proc:
         self.exited = False
         self.peak_kb = self.bound_kb = 0.0   # this interval's peak and its bracket's upper end
         self.start_off_kb = 0.0              # its shared offset at the interval's start
+        self.shareable_kb = 0.0              # its file-backed and shared-memory RSS at its last walk
 
     @property
     def cpu_s(self) -> float:
@@ -469,14 +470,16 @@ class _Walker:
             return False
         return self.credit_s >= self.cost_s(kb)
 
-    def paid(self, now: float, cpu_s: float, kb: float) -> None:
+    def paid(self, now: float, cpu_s: float, kb: float, done: bool = True) -> None:
+        """A walk cost ``cpu_s``; ``done``: its figures were kept (else one is still wanted)."""
         self.credit_s -= cpu_s
         self.spent_s += cpu_s
         self.walks += 1
         if kb > 0:
             self.s_per_kb = max(cpu_s / kb, 1e-12)
-        self.walked_t, self.wanted = now, False
-        self.shared_mb = self._shared_now_mb
+        if done:
+            self.walked_t, self.wanted = now, False
+            self.shared_mb = self._shared_now_mb
 
 
 class _ProcBackend:
@@ -504,6 +507,9 @@ class _ProcBackend:
         # walk: the pages stay, now counted by the others (a pool's workers
         # leaving a parent that still holds what they shared).
         self.orphan_share_kb = 0.0
+        self.unproven_kb = 0.0      # see _unproven_kb
+        self._meminfo: ProcFile | None = None
+        self._mapped_kb = NAN
 
     def pids(self) -> tuple[int, ...]:
         return tuple(self.procs)
@@ -521,6 +527,10 @@ class _ProcBackend:
             self._loadavg = ProcFile("/proc/loadavg")
         except OSError:
             self._loadavg = None
+        try:
+            self._meminfo = ProcFile("/proc/meminfo")
+        except OSError:
+            self._meminfo = None
         self._children_maxrss_kb = self._own_children_maxrss()
 
     def _new(self, pid: int, parent: int | None) -> _Proc:
@@ -554,7 +564,7 @@ class _ProcBackend:
         rate). The interval's memory figures are kept for :meth:`memory`."""
         boot_s = time.clock_gettime(time.CLOCK_BOOTTIME)
         root_pid = self.tree.pid
-        shared_start_kb = self.orphan_share_kb
+        adjust_start_kb = self.orphan_share_kb - self.unproven_kb
         gone: list[_Proc] = []
         interval = _Interval()
         shown_s = 0.0
@@ -591,7 +601,9 @@ class _ProcBackend:
         if slow:
             for proc in self.procs.values():
                 proc.read_io()
-        self._memory = figures = interval.figures(self.procs.values(), shared_start_kb, self.orphan_share_kb)
+        self.unproven_kb = self._unproven_kb()
+        self._memory = figures = interval.figures(self.procs.values(), adjust_start_kb,
+                                                  self.orphan_share_kb - self.unproven_kb)
         # Pages that can be shared (mapped files, /dev/shm) came or went: a
         # segment three processes map would count three times until walked.
         self.walker.shared_now(figures["proc_rss_file_mb"] + figures["proc_rss_shmem_mb"])
@@ -599,7 +611,8 @@ class _ProcBackend:
         # during the walk, and a walk is one snapshot only when nothing moves.
         if not interval.winding and self.walker.due(now, figures["proc_rss_mb"] * 1024.0, interval.ran):
             self._walk(now)
-            self._memory = interval.figures(self.procs.values(), shared_start_kb, self.orphan_share_kb)
+            self._memory = interval.figures(self.procs.values(), adjust_start_kb,
+                                            self.orphan_share_kb - self.unproven_kb)
         total = self.retained_cpu_s + sum(p.own_s + p.children_s for p in self.procs.values())
         return total, shown_s
 
@@ -666,7 +679,10 @@ class _ProcBackend:
             if status.hwm_kb == status.hwm_kb:
                 bound = min(bound, max(lo, status.hwm_kb))
         proc.hwm_kb = status.hwm_kb
-        if rss < WINDING * proc.start_kb or status.hwm_kb == 0.0:
+        # Unmapping shared pages (exiting, or munmap): the others' shares move
+        # while it happens, so no walk now.
+        if status.file_kb + status.shmem_kb < proc.file_kb + proc.shmem_kb - UNMAP_SLACK_KB or \
+                status.hwm_kb == 0.0:
             interval.winding = True
         _take(proc, status, rss)
         interval.add(proc, peak, bound)
@@ -816,6 +832,7 @@ class _ProcBackend:
         child.rss_kb = child.start_kb = status.rss_kb
         if parent is not None and child.code == parent.code and child.code:
             child.off_kb = status.rss_kb   # forked, no exec: what it has is its parent's pages
+            child.shareable_kb = status.file_kb + status.shmem_kb
         elif status.rss_kb <= WALK_NOW_KB:
             self._walk_one(child)
         child.start_off_kb = child.off_kb
@@ -842,13 +859,51 @@ class _ProcBackend:
 
     # -- shared pages --------------------------------------------------------
     def _walk(self, now: float) -> None:
-        """Every process's shared offset from a walk of its smaps_rollup."""
+        """Every process's shared offset from a walk of its smaps_rollup --
+        kept only if no process's RSS shrank meanwhile (one that was exiting
+        as it was walked makes the others' shares wrong too)."""
         cpu0 = time.thread_time()
-        kb = 0.0
-        for proc in list(self.procs.values()):
-            kb += self._walk_one(proc)
-        self.orphan_share_kb = 0.0
-        self.walker.paid(now, time.thread_time() - cpu0, kb)
+        procs = list(self.procs.values())
+        before = [(p.off_kb, p.share_kb, p.shareable_kb, p.walked) for p in procs]
+        kb, steady = 0.0, True
+        for proc in procs:
+            rss = self._walk_one(proc)
+            kb += rss
+            # Grown meanwhile: its new pages count at the next walk. Shrunk: it
+            # was unmapping (exiting) under the walk, and the shares are wrong.
+            steady = steady and rss >= proc.rss_kb - max(UNMAP_SLACK_KB, 0.02 * proc.rss_kb)
+        paid_s = time.thread_time() - cpu0
+        if not steady:
+            for proc, kept in zip(procs, before):
+                proc.off_kb, proc.share_kb, proc.shareable_kb, proc.walked = kept
+            self.walker.paid(now, paid_s, kb, done=False)
+            return
+        self.orphan_share_kb = self.unproven_kb = 0.0
+        self._mapped_kb = self._machine_mapped_kb()
+        self.walker.paid(now, paid_s, kb)
+
+    def _machine_mapped_kb(self) -> float:
+        """The machine's file and shared-memory pages mapped by some process
+        (meminfo's Mapped: each page once, however many map it)."""
+        if self._meminfo is None:
+            return NAN
+        try:
+            text = self._meminfo.read(4096)
+        except OSError:
+            return NAN
+        return _rollup_kb(text, b"\nMapped:")
+
+    def _unproven_kb(self) -> float:
+        """Shared pages the tree's processes mapped since their last walk
+        that are not new to the machine: a reader mapping a segment another
+        process of the tree holds adds RSS, not memory. Counted out until
+        the next walk says whose they are (new pages, which the machine's
+        Mapped grew by, stay counted)."""
+        grown = sum(max(0.0, p.file_kb + p.shmem_kb - p.shareable_kb) for p in self.procs.values())
+        if grown <= SHARED_MOVE_MB * 1024.0:
+            return 0.0
+        new = self._machine_mapped_kb() - self._mapped_kb
+        return max(0.0, grown - max(new, 0.0)) if new == new else 0.0
 
     def _walk_one(self, proc: _Proc) -> float:
         try:
@@ -858,6 +913,7 @@ class _ProcBackend:
         if rss == rss and pss == pss:
             proc.off_kb, proc.walked = max(0.0, rss - pss), True
             proc.share_kb = max(0.0, pss - private) if private == private else 0.0
+            proc.shareable_kb = proc.file_kb + proc.shmem_kb
         return rss if rss == rss else 0.0
 
     def memory(self) -> dict[str, float]:
@@ -870,17 +926,19 @@ class _ProcBackend:
         for proc in self.procs.values():
             proc.close()
         self.procs.clear()
-        if self._loadavg is not None:
-            self._loadavg.close()
-            self._loadavg = None
+        for file in (self._loadavg, self._meminfo):
+            if file is not None:
+                file.close()
+        self._loadavg = self._meminfo = None
 
     def abandon(self) -> None:
         for proc in self.procs.values():
             proc.abandon()
         self.procs.clear()
-        if self._loadavg is not None:
-            self._loadavg.close()
-            self._loadavg = None
+        for file in (self._loadavg, self._meminfo):
+            if file is not None:
+                file.close()
+        self._loadavg = self._meminfo = None
 
 
 class _PsReading(NamedTuple):
@@ -1016,7 +1074,7 @@ class _Interval:
 
     def __init__(self):
         self.gone: list[_Proc] = []
-        self.winding = False      # a process is exiting or gave much memory back
+        self.winding = False      # a process is exiting or unmapping shared pages
         self.ran = False          # a process ran (memory-wise) in the interval
         self.missed = False       # a process lived in the interval unseen: no upper bound
         self.floor_kb = 0.0       # the tree was at least this big at some moment
@@ -1028,8 +1086,10 @@ class _Interval:
 
     def figures(self, procs, shared_start_kb: float, shared_kb: float) -> dict[str, float]:
         """The interval's figures. ``shared_start_kb`` and ``shared_kb``:
-        pages the tree held at the interval's start and end that no
-        process's last walk counted (see ``orphan_share_kb``).
+        what the tree held at the interval's start and end beyond (or, when
+        negative, short of) what its processes' last walks say: the shares of
+        processes gone since (``orphan_share_kb``), less shared pages mapped
+        again (``unproven_kb``).
 
         The tree's peak is the larger of its two sums -- at the interval's
         start and at its end, each process with its own shared offset then
