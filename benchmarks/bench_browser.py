@@ -1,31 +1,39 @@
 """What an open live dashboard costs, measured in a real JupyterLab page in
 headless Chromium (the browser tests' harness: tests/browser_util.py and
-tests/dashboard_page.py), fresh kernel each run.
+tests/dashboard_page.py), a fresh kernel and page for each measurement.
 
-    python benchmarks/bench_browser.py [--runs N] [--idle S] [--before DIR] [--out FILE]
+    python benchmarks/bench_browser.py [--runs N] [--idle S] [--ages M,M,...] [--cells N,N,...]
+                                       [--before DIR] [--out FILE]
 
-For each run: a fresh JupyterLab page and kernel run ``%load_ext nbmon`` and
-``%resmon`` ("cold": Run All, the two cells back to back; "warm": the
-extension loaded 5 s before ``%resmon``), then the page stays idle ``--idle``
-seconds (default 30). Reported, median (min–max) over runs:
+Three tables, each variant's column beside the other's (``--before DIR``:
+the nbmon checked out in DIR, e.g. ``git worktree add /tmp/before c135e1e``,
+on its own JupyterLab), runs alternated between the variants:
 
-- first output: the kernel starts ``%resmon`` (execute_input) -> its first
-  display_data reaches the page;
-- chart with data: -> a plotly chart with points is in the page;
-- over the idle window: messages browser -> kernel, kernel status messages,
-  kernel -> browser KiB/s on the kernel websocket; CPU (% of one core) of
-  the kernel process, of nbmon's sampler helper (the kernel's child
-  processes), and of Chromium (all its processes).
+- start and idle, ``--runs`` times: ``%load_ext nbmon`` and ``%resmon``
+  ("cold": Run All, the two cells back to back; "warm": the extension loaded
+  5 s before ``%resmon``): the kernel starts ``%resmon`` (execute_input) ->
+  its first display_data reaches the page; -> the widget's comm opens; -> a
+  plotly chart with points is in the page; then over ``--idle`` seconds
+  (default 30): messages browser -> kernel, kernel status messages, kernel ->
+  browser KiB/s; CPU (% of one core) of the kernel, of nbmon's sampler helper
+  (the kernel's children) and of Chromium (all its processes); redraws.
+- by cells executed, ``--runs`` times: ``%resmon``, then N quick cells
+  (``x = 1``, Run All), then idle: Chromium CPU and redraws over ``--idle`` s.
+- by chart age, once per variant (a 30-minute page each): one dashboard
+  (default 600 s window, 10 Hz) open, Chromium CPU and redraws over the
+  ``--idle`` s before each age in ``--ages`` (minutes; the window is full
+  from 10).
 
-``--before DIR`` measures the nbmon checked out in DIR too (``git worktree
-add /tmp/old c7c2884``: the "before" of benchmarks/RESULTS.md), on its own
-JupyterLab, run for run alternated with this checkout. ``--out`` writes the
-table into benchmarks/RESULTS.md (its own section). CPU figures need a quiet
-machine: the load average before and after is part of the table.
+A redraw is one Plotly.react: its milliseconds are its synchronous part
+(what holds the page's main thread), median and 90th percentile. Figures
+are medians (min–max) over runs. ``--out`` writes the tables into
+benchmarks/RESULTS.md (their own section). CPU figures need a quiet
+machine: the load average before and after is part of the text.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -40,31 +48,73 @@ sys.path.insert(0, str(HERE.parent))
 
 import results_file  # noqa: E402  (benchmarks/, the script's own folder)
 from browser_util import CHROMIUM, CHROMIUM_ARGS, JupyterLab, wait_for  # noqa: E402
-from dashboard_page import INIT_SCRIPT, browser_pids, cpu_seconds, execute_time, idle_figures, kernel_pids  # noqa: E402
+from dashboard_page import (INIT_SCRIPT, browser_pids, cpu_seconds, execute_time, idle_figures,  # noqa: E402
+                            kernel_pids, redraw_figures)
 
-NOTEBOOKS = {"cold": ["%load_ext nbmon", "%resmon"],
-             "warm": ["%load_ext nbmon", "import time; time.sleep(5)", "%resmon"]}
+START = {"cold": ["%load_ext nbmon", "%resmon"],
+         "warm": ["%load_ext nbmon", "import time; time.sleep(5)", "%resmon"]}
+AGE = ["%load_ext nbmon", "%resmon"]
 
 
-def write(root: Path) -> None:
+def cells_notebook(n: int) -> list[str]:
+    return ["%load_ext nbmon", "%resmon"] + ["x = 1"] * n
+
+
+def write(root: Path, notebooks: dict[str, list[str]]) -> None:
     import nbformat
     from nbformat.v4 import new_code_cell, new_notebook
 
     spec = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    for name, cells in NOTEBOOKS.items():
+    for name, cells in notebooks.items():
         nbformat.write(new_notebook(metadata={"kernelspec": spec}, cells=[new_code_cell(c) for c in cells]),
                        root / f"{name}.ipynb")
 
 
-def one_run(browser, lab, name: str, idle_s: float) -> dict:
+def open_and_run(browser, lab, name: str):
     page = browser.new_page(viewport={"width": 1300, "height": 1000})
     page.add_init_script(INIT_SCRIPT)
+    page.goto(f"{lab.url}/lab/tree/{name}.ipynb?reset&token={lab.token}", timeout=120_000)
+    page.locator("#jp-main-statusbar").get_by_text("(ipykernel) | Idle").wait_for(timeout=120_000)
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    wait_for(lambda: page.evaluate("window.__nbmonMarks.chart"), 120, "a chart with data")
+    return page
+
+
+def close(page, lab) -> None:
+    page.close()
+    for kernel in lab.api("/api/kernels") or []:
+        lab.api(f"/api/kernels/{kernel['id']}", method="DELETE", timeout=20.0)
+
+
+def measure(page, seconds: float, pids: dict[str, list[int]]) -> dict:
+    """Over the next ``seconds`` of the page: CPU of each group of processes,
+    the kernel websocket's traffic, and the redraws."""
+    cpu0 = {name: cpu_seconds(p) for name, p in pids.items()}
+    t0, w0 = page.evaluate("performance.now()"), time.monotonic()
+    page.wait_for_timeout(seconds * 1000)   # Playwright delivers events only inside its calls
+    t1, wall = page.evaluate("performance.now()"), time.monotonic() - w0
+    out = {f"{name} CPU %": 100 * (cpu_seconds(p) - cpu0[name]) / wall for name, p in pids.items()}
+    idle = idle_figures(page.evaluate("window.__nbmonFrames"), t0, t1)
+    redraws = redraw_figures(page.evaluate("window.__nbmonRedraws"), t0, t1)
+    out.update({"browser->kernel msgs": idle["browser_to_kernel"], "status msgs": idle["status"],
+                "kernel->browser KiB/s": idle["kernel_to_browser_bytes_per_s"] / 1024,
+                "redraws / s": redraws["redraws_per_s"], "redraw ms, median": redraws["redraw_ms_median"],
+                "redraw ms, p90": redraws["redraw_ms_p90"]})
+    return out
+
+
+def processes(lab) -> dict[str, list[int]]:
+    import psutil
+
+    kernels = kernel_pids(lab.proc.pid)
+    helpers = [c.pid for k in kernels for c in psutil.Process(k).children(recursive=True)]
+    return {"kernel": kernels, "sampler helper": helpers, "Chromium": browser_pids(os.getpid())}
+
+
+def start_run(browser, lab, name: str, idle_s: float) -> dict:
+    page = open_and_run(browser, lab, name)
     try:
-        page.goto(f"{lab.url}/lab/tree/{name}.ipynb?token={lab.token}", timeout=120_000)
-        page.locator("#jp-main-statusbar").get_by_text("(ipykernel) | Idle").wait_for(timeout=120_000)
-        page.get_by_role("menuitem", name="Run", exact=True).click()
-        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-        wait_for(lambda: page.evaluate("window.__nbmonMarks.chart"), 120, "a chart with data")
         page.wait_for_timeout(3000)   # settle: the first frames, the first record update
         frames = page.evaluate("window.__nbmonFrames")
         began = execute_time(frames, r"^%resmon$")
@@ -72,37 +122,52 @@ def one_run(browser, lab, name: str, idle_s: float) -> dict:
         out = {"first output s": (execute_time(frames, r"^%resmon$", "display_data") - began) / 1000,
                "widget opened s": (min(opened) - began) / 1000,
                "chart with data s": (page.evaluate("window.__nbmonMarks.chart") - began) / 1000}
-        kernels = kernel_pids(lab.proc.pid)
-        import psutil
-
-        helpers = [c.pid for k in kernels for c in psutil.Process(k).children(recursive=True)]
-        chromium = browser_pids(os.getpid())
-        cpu0 = [cpu_seconds(kernels), cpu_seconds(helpers), cpu_seconds(chromium)]
-        t0, w0 = page.evaluate("performance.now()"), time.monotonic()
-        page.wait_for_timeout(idle_s * 1000)   # Playwright delivers events only inside its calls
-        t1, wall = page.evaluate("performance.now()"), time.monotonic() - w0
-        cpu1 = [cpu_seconds(kernels), cpu_seconds(helpers), cpu_seconds(chromium)]
-        idle = idle_figures(page.evaluate("window.__nbmonFrames"), t0, t1)
-        out.update({"browser->kernel msgs": idle["browser_to_kernel"], "status msgs": idle["status"],
-                    "kernel->browser KiB/s": idle["kernel_to_browser_bytes_per_s"] / 1024,
-                    "kernel CPU %": 100 * (cpu1[0] - cpu0[0]) / wall,
-                    "sampler helper CPU %": 100 * (cpu1[1] - cpu0[1]) / wall,
-                    "Chromium CPU %": 100 * (cpu1[2] - cpu0[2]) / wall})
+        out.update(measure(page, idle_s, processes(lab)))
         return out
     finally:
-        page.close()
-        for kernel in lab.api("/api/kernels") or []:
-            lab.api(f"/api/kernels/{kernel['id']}", method="DELETE", timeout=20.0)
+        close(page, lab)
+
+
+def cells_run(browser, lab, n: int, idle_s: float) -> dict:
+    page = open_and_run(browser, lab, f"cells-{n}")
+    try:
+        replies = "window.__nbmonFrames.filter((f) => f.type === 'execute_reply').length"
+        wait_for(lambda: page.evaluate(replies) >= n + 2, 1200, f"{n} cells to run")
+        # Run All scrolled to the last cell: the dashboard back in view (out of it, it draws nothing)
+        page.evaluate("document.querySelector('.nbmon-live-record').scrollIntoView()")
+        page.wait_for_timeout(5000)   # settle: the last record update
+        box = page.locator(".nbmon-live-record").first.bounding_box()
+        assert box and 0 <= box["y"] < 1000, f"the dashboard is out of view: {box}"
+        return measure(page, idle_s, {"Chromium": browser_pids(os.getpid())})
+    finally:
+        close(page, lab)
+
+
+def age_run(browser, lab, ages_min: list[float], idle_s: float) -> dict[float, dict]:
+    page = open_and_run(browser, lab, "age")
+    try:
+        born = time.monotonic()
+        out = {}
+        for age in ages_min:
+            page.wait_for_timeout(max(0.0, born + 60 * age - idle_s - time.monotonic()) * 1000)
+            out[age] = measure(page, idle_s, {"Chromium": browser_pids(os.getpid())})
+            print("age", age, out[age], file=sys.stderr)
+        return out
+    finally:
+        close(page, lab)
 
 
 def spread(values) -> str:
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return "–"
     digits = 2 if max(values) < 10 else 1
     med = statistics.median(values)
     return f"{med:.{digits}f}" if len(values) == 1 else \
         f"{med:.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
 
 
-def start_lab(base: Path, pythonpath: str | None) -> JupyterLab:
+def start_lab(base: Path, pythonpath: str | None, notebooks: dict) -> JupyterLab:
     """A JupyterLab whose kernels import nbmon from ``pythonpath`` (None: this checkout)."""
     before = os.environ.get("PYTHONPATH")
     path = [p for p in (pythonpath, str(HERE.parent), before) if p]
@@ -110,7 +175,7 @@ def start_lab(base: Path, pythonpath: str | None) -> JupyterLab:
     try:
         base.mkdir()
         (base / "root").mkdir()
-        write(base / "root")
+        write(base / "root", notebooks)
         return JupyterLab(base, base / "root").start()
     finally:
         if before is None:
@@ -119,26 +184,26 @@ def start_lab(base: Path, pythonpath: str | None) -> JupyterLab:
             os.environ["PYTHONPATH"] = before
 
 
-def table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
-    """One column per (notebook, variant), before and after side by side."""
-    columns = [(name, variant) for name in NOTEBOOKS for variant in results]
-    what = {"cold": "%resmon right after %load_ext", "warm": "%load_ext 5 s before"}
-    lines = ["| | " + " | ".join(f"{variant}, {name} ({what[name]})" for name, variant in columns) + " |",
-             "|---|" + "---|" * len(columns)]
-    for key in next(iter(results.values()))["cold"][0]:
-        lines.append(f"| {key} | " + " | ".join(spread([r[key] for r in results[variant][name]])
-                                                 for name, variant in columns) + " |")
+def table(columns: list[tuple[str, list[dict]]], keys: list[str]) -> list[str]:
+    lines = ["| | " + " | ".join(name for name, _ in columns) + " |", "|---|" + "---|" * len(columns)]
+    for key in keys:
+        lines.append(f"| {key} | " + " | ".join(spread([r[key] for r in runs]) for _, runs in columns) + " |")
     return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="fresh kernels per notebook (default 3)")
-    parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle dashboard measured (default 30)")
+    parser.add_argument("--runs", type=int, default=3, help="fresh kernels per start and cells row (default 3)")
+    parser.add_argument("--idle", type=float, default=30.0, help="seconds measured each time (default 30)")
+    parser.add_argument("--ages", default="1,5,10,30", help="minutes of chart age measured (default 1,5,10,30; "
+                                                            "'' for none)")
+    parser.add_argument("--cells", default="3,300,1000", help="cells executed before measuring (default 3,300,1000)")
     parser.add_argument("--before", metavar="DIR",
                         help="also measure the nbmon checked out in DIR, alternated with this one")
-    parser.add_argument("--out", help="write the table into this results file (benchmarks/RESULTS.md)")
+    parser.add_argument("--out", help="write the tables into this results file (benchmarks/RESULTS.md)")
     args = parser.parse_args()
+    ages = [float(a) for a in args.ages.split(",") if a]
+    cell_counts = [int(n) for n in args.cells.split(",") if n]
     from playwright.sync_api import sync_playwright
 
     commit = lambda path: subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=path,  # noqa: E731
@@ -146,35 +211,60 @@ def main() -> None:
     variants = {f"after ({commit(HERE)})": None}
     if args.before:
         variants = {f"before ({commit(args.before)})": args.before, **variants}
+    notebooks = {**START, "age": AGE, **{f"cells-{n}": cells_notebook(n) for n in cell_counts}}
     load_before = os.getloadavg()
-    results = {variant: {name: [] for name in NOTEBOOKS} for variant in variants}
+    started = {v: {name: [] for name in START} for v in variants}
+    by_cells = {v: {n: [] for n in cell_counts} for v in variants}
+    by_age = {}
     with tempfile.TemporaryDirectory() as tmp:
         labs = {}
         try:
             for i, (variant, pythonpath) in enumerate(variants.items()):
-                labs[variant] = start_lab(Path(tmp) / str(i), pythonpath)
+                labs[variant] = start_lab(Path(tmp) / str(i), pythonpath, notebooks)
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 try:
                     for _ in range(args.runs):
-                        for name in NOTEBOOKS:
-                            for variant, lab in labs.items():
-                                results[variant][name].append(one_run(browser, lab, name, args.idle))
-                                print(variant, name, results[variant][name][-1], file=sys.stderr)
+                        for variant, lab in labs.items():
+                            for name in START:
+                                started[variant][name].append(start_run(browser, lab, name, args.idle))
+                                print(variant, name, started[variant][name][-1], file=sys.stderr)
+                            for n in cell_counts:
+                                by_cells[variant][n].append(cells_run(browser, lab, n, args.idle))
+                                print(variant, n, "cells", by_cells[variant][n][-1], file=sys.stderr)
+                    if ages:
+                        for variant, lab in labs.items():
+                            by_age[variant] = age_run(browser, lab, ages, args.idle)
                 finally:
                     browser.close()
         finally:
             for lab in labs.values():
                 lab.stop()
     load_after = os.getloadavg()
-    text = "\n".join([
+    what = {"cold": "%resmon right after %load_ext", "warm": "%load_ext 5 s before"}
+    start_keys = list(next(iter(started.values()))["cold"][0])
+    costs = ["Chromium CPU %", "redraws / s", "redraw ms, median", "redraw ms, p90"]
+    lines = [
         "## Live dashboard in the browser", "",
-        f"`python benchmarks/bench_browser.py --runs {args.runs} --idle {args.idle:g}"
-        f"{' --before ' + args.before if args.before else ''}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
-        "JupyterLab in headless Chromium, a fresh kernel per run, variants alternated; load average "
-        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after. Times from the kernel starting `%resmon`; "
-        f"message, byte and CPU figures over {args.idle:g} s of an idle open dashboard. Median (min–max) over runs.",
-        "", *table(results), ""])
+        f"`python benchmarks/bench_browser.py --runs {args.runs} --idle {args.idle:g} --ages {args.ages} "
+        f"--cells {args.cells}{' --before ' + args.before if args.before else ''}`, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: JupyterLab in headless Chromium (1300 x 1000), "
+        "a fresh kernel and page for each measurement, variants alternated; load average "
+        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after. A redraw is one Plotly.react, its "
+        "milliseconds the synchronous part. Median (min–max) over runs.", "",
+        f"Start and idle: times from the kernel starting `%resmon`; messages, bytes, CPU and redraws over "
+        f"{args.idle:g} s of an idle open dashboard.", "",
+        *table([(f"{v}, {name} ({what[name]})", started[v][name]) for name in START for v in variants], start_keys),
+        ""]
+    if cell_counts:
+        lines += [f"By cells executed: `%resmon`, N cells `x = 1` (Run All), then {args.idle:g} s idle; "
+                  f"{args.runs} run(s) each.", "",
+                  *table([(f"{v}, {n} cells", by_cells[v][n]) for n in cell_counts for v in variants], costs), ""]
+    if by_age:
+        lines += [f"By chart age: one dashboard per variant (600 s window, 10 Hz: full from 10 min) open "
+                  f"{ages[-1]:g} min, each figure over the {args.idle:g} s before its age; one run per variant.", "",
+                  *table([(f"{v}, {age:g} min", [by_age[v][age]]) for age in ages for v in variants], costs), ""]
+    text = "\n".join(lines)
     print(text)
     if args.out:
         results_file.update(args.out, text, owns=r"## Live dashboard", header=False)

@@ -1,7 +1,8 @@
 """What the browser tests and benchmarks/bench_browser.py watch in a page:
 every frame of the kernel websockets (time, direction, bytes, channel and
 message type, parsed in the page from Jupyter's v1 binary protocol or JSON)
-and when the dashboard's record and its chart with data first appeared.
+when the dashboard's record and its chart with data first appeared, and
+every redraw (Plotly.react: when, and its milliseconds).
 Installed with ``page.add_init_script`` before JupyterLab or Notebook 7
 load, so it sees the page's own clock for every event."""
 
@@ -12,6 +13,22 @@ import re
 INIT_SCRIPT = r"""(() => {
   const frames = (window.__nbmonFrames = []);
   const marks = (window.__nbmonMarks = {});
+  // Every Plotly.react the page runs (the dashboards' redraws): when, and how
+  // long its synchronous part held the main thread.
+  const redraws = (window.__nbmonRedraws = []);
+  let plotly;
+  Object.defineProperty(window, "Plotly", { configurable: true, get: () => plotly, set(value) {
+    plotly = value;
+    if (!value || !value.react || value.react.__nbmonTimed) return;
+    const react = value.react;
+    value.react = function (...args) {
+      const t = performance.now();
+      const out = react.apply(this, args);
+      redraws.push({ t, ms: performance.now() - t });
+      return out;
+    };
+    value.react.__nbmonTimed = true;
+  } });
   const decoder = new TextDecoder();
   const json = (bytes) => { try { return JSON.parse(decoder.decode(bytes)); } catch { return {}; } };
   function parse(data) {
@@ -116,6 +133,17 @@ def idle_figures(frames, t_from: float, t_to: float) -> dict:
         "kernel_to_browser_bytes_per_s": sum(f["bytes"] for f in received) / seconds,
         "kernel_to_browser_messages": len(received),
     }
+
+
+def redraw_figures(redraws, t_from: float, t_to: float) -> dict:
+    """Redraws between two page times (ms): how many a second, and their
+    synchronous milliseconds, median and 90th percentile (NaN: none)."""
+    import statistics
+
+    ms = sorted(r["ms"] for r in redraws if t_from <= r["t"] < t_to)
+    p90 = ms[min(len(ms) - 1, int(0.9 * len(ms)))] if ms else float("nan")
+    return {"redraws_per_s": len(ms) / ((t_to - t_from) / 1000.0),
+            "redraw_ms_median": statistics.median(ms) if ms else float("nan"), "redraw_ms_p90": p90}
 
 
 def kernel_pids(server_pid: int) -> list[int]:

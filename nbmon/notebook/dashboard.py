@@ -229,6 +229,10 @@ def _figure(columns, x_title: str):
                          **({"range": list(row.machine_range)} if machine and row.machine_range else {}))
     fig.update_xaxes(title_text=x_title, row=n, col=1)
     fig.update_xaxes(hoverformat=".1f")   # the hover's header: seconds, not 9.301387
+    # Fixed margins and labels drawn where they fall: plotly otherwise measures
+    # every tick label against the page at every redraw (half of a redraw's time).
+    fig.update_xaxes(ticklabeloverflow="allow", automargin=False)
+    fig.update_yaxes(ticklabeloverflow="allow", automargin=False)
     cells_axis = 2 * n + 1
     fig.add_trace(go.Bar(x=[], y=[], meta="cells", name="cells", xaxis="x", yaxis=f"y{cells_axis}",
                          marker={"color": "rgba(0,0,0,0)"}, hoverinfo="text", showlegend=False))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import re
 import sys
 import threading
 import uuid
@@ -412,13 +413,16 @@ def load(ipython) -> None:
         _warming[-1].start()
 
         def warmed(info=None) -> None:
-            warmed_up()
+            # %resmon shows its record at once and waits itself, before its run starts
+            if not _RESMON_START.match(getattr(info, "raw_cell", "") or ""):
+                warmed_up()
             ipython.events.unregister("pre_run_cell", warmed)
 
         ipython.events.register("pre_run_cell", warmed)
 
 
 _warming: list[threading.Thread] = []   # the warm-up started by load(), while it may run
+_RESMON_START = re.compile(r"\s*%resmon(\s+start\b|\s+-|\s*$)", re.M)
 WARM_WAIT_S = 30.0   # a cell waits at most this long for it (an import that hangs never hangs a cell)
 
 

@@ -138,8 +138,10 @@ function barFraction(value, max) {
 //     MERGE_PX merged into one band (bandGroups()), labelled where the label
 //     does not run into the next band's;
 //   * nothing is redrawn unless something would move by a pixel (the x range,
-//     a point, a band, the theme, the size: signature()); the title, which
-//     changes with every frame, is set as text;
+//     a point, a band, the theme, the size: signature()), new points at most
+//     once a second (REDRAW_MS); the title, which changes with every frame,
+//     is set as text; plotly is given the chart's width, so that it never
+//     measures the page (a layout of all of it) to draw;
 //   * one observer, one theme watcher and one visibility listener per page,
 //     for every dashboard in it; every listener is removed with its view.
 //
@@ -163,7 +165,7 @@ const CSS = `
 .jp-OutputArea-child:has(.nbmon-live-record.nbmon-live-mounted) + .jp-OutputArea-child:has(.jp-RenderedImage) {
   display: none;
 }
-.nbmon-live-view { width: 100%; min-width: 0; }
+.nbmon-live-view { width: 100%; min-width: 0; contain: content; }  /* a redraw lays out the chart, not the page */
 .nbmon-live-record.nbmon-live-stale > .nbmon-live-view { opacity: 0.45; }
 .nbmon-live-note {
   font: 12px var(--jp-ui-font-family, system-ui, sans-serif);
@@ -176,6 +178,7 @@ const CSS = `
 
 export const MAX_HELD = 20000;  // points held per trace; past it, the oldest half merges into min/max pairs
 const BUCKET_PX = 2;            // a redraw's column width: its lowest and highest point
+const REDRAW_MS = 1000;         // new points are drawn at most this often (a frame comes every 500 ms)
 export const MERGE_PX = 6;      // bands closer than this merge, and none is drawn narrower than 1 px
 const LABEL_PX_PER_CHAR = 6.5;  // a band label's width at 10 px, to show only labels that fit
 const MIN_CONTRAST = 5.0;       // text against what is behind it (WCAG AA asks 4.5)
@@ -678,7 +681,7 @@ class Live {
         else if (keys.some((k) => /^xaxis\d*\.range$/.test(k))) {
           view.zoom = change[keys.find((k) => /^xaxis\d*\.range$/.test(k))];
         }
-        if (keys.some((k) => k.startsWith("xaxis"))) this.schedule(view);
+        if (keys.some((k) => k.startsWith("xaxis"))) this.schedule(view, true);
       });
       this.themeChanged(view);
     };
@@ -686,14 +689,16 @@ class Live {
     view.remove = this.plotly.render({ model: this.model, el: root });
     view.io = new IntersectionObserver((entries) => {
       view.visible = entries[entries.length - 1].isIntersecting;
-      if (view.visible && view.stale) this.schedule(view);
+      if (view.visible && view.stale) this.schedule(view, true);
     });
     view.io.observe(root);
-    let width = 0;
+    // The chart's width, read here and given to plotly: with autosize it
+    // would measure its container at every redraw, a layout of the whole page.
+    view.width = 0;
     view.ro = new ResizeObserver(() => {
-      if (!view.ready || root.clientWidth === width || !root.isConnected) return;
-      width = root.clientWidth;
-      this.Plotly.Plots.resize(root).then(() => this.schedule(view));
+      if (!root.isConnected || root.clientWidth === view.width) return;
+      view.width = root.clientWidth;
+      this.schedule(view, true);
     });
     view.ro.observe(root);
     return view;
@@ -703,7 +708,8 @@ class Live {
     document.removeEventListener("plotlywidget-after-render", view.rendered);
     view.io.disconnect();
     view.ro.disconnect();
-    if (view.frame) cancelAnimationFrame(view.frame);
+    cancelAnimationFrame(view.frame);
+    clearTimeout(view.timer);
     view.remove();
     if (view.record) view.root.remove();
     this.views.delete(view.root);
@@ -732,7 +738,7 @@ class Live {
     for (const view of only ? [only] : this.views.values()) {
       if (!view.ready) continue;
       view.theme = themeOf(view.record || view.root);
-      this.schedule(view);
+      this.schedule(view, true);
     }
   }
 
@@ -740,10 +746,22 @@ class Live {
     for (const view of this.views.values()) this.schedule(view);
   }
 
-  /** Draw at the next animation frame (none while the tab is hidden), once however often asked. */
-  schedule(view) {
-    if (view.frame || !view.ready || this.disposed) return;
-    view.frame = requestAnimationFrame(() => {
+  /**
+   * Draw at the next animation frame (none while the tab is hidden), once
+   * however often asked; new points at most every REDRAW_MS (``now``: what the
+   * user did, the size, the theme: at once).
+   */
+  schedule(view, now = false) {
+    if (!view.ready || this.disposed) return;
+    const wait = now ? 0 : (view.drawnAt || 0) + REDRAW_MS - performance.now();
+    if (wait > 0) {
+      view.timer ||= setTimeout(() => {
+        view.timer = 0;
+        this.schedule(view, true);
+      }, wait);
+      return;
+    }
+    view.frame ||= requestAnimationFrame(() => {
       view.frame = 0;
       this.draw(view);
     });
@@ -779,13 +797,14 @@ class Live {
     const pxPerS = px / (range.x1 - range.x0 || 1);
     const groups = bandGroups(this.sorted, range.x0, range.x1, pxPerS, this.last);
     const sig = signature(this.axes, points, groups, range, px, full,
-      [JSON.stringify(view.theme), this.edits, full?.height, full?.legend?._height]);
+      [JSON.stringify(view.theme), this.edits, view.width, full?.height, full?.legend?._height]);
     if (view.sig === sig) {
       this.setTitle(view);
       return;
     }
     view.sig = sig;
     view.drawn = { ...range, px };
+    view.drawnAt = performance.now();
     this.Plotly.react(view.root, this.data(points, groups), this.layout(view, groups, pxPerS),
       { ...this.model.get("_config"), displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE });
     view.title = this.title;
@@ -833,6 +852,8 @@ class Live {
     });
     return {
       ...stored,
+      autosize: false,
+      width: view.width || view.root.clientWidth,
       ...this.top(view, stored),
       font: { ...(stored.font || {}), color: theme.fg },
       hoverlabel: { bgcolor: theme.bg, bordercolor: theme.grid, font: { color: theme.fg } },
