@@ -30,6 +30,8 @@ from nbmon.engine import Monitor  # noqa: E402
 from nbmon.options import Options  # noqa: E402
 from nbmon.sampler import Sampler  # noqa: E402
 from nbmon.sources import Sources  # noqa: E402
+from nbmon.sources.procfs import BUDGET, fd_budget  # noqa: E402
+from nbmon.sources.proctree import ProcessTree  # noqa: E402
 from nbmon.store import Store  # noqa: E402
 from nbmon.summary import summarize  # noqa: E402
 import results_file  # noqa: E402  (benchmarks/, the script's own folder)
@@ -63,9 +65,9 @@ def new_threads(before: set) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.ident not in before]
 
 
-def run_nbmon(backend):
+def run_nbmon(backend, exact_peaks=False):
     def run(workload, interval):
-        monitor = Monitor(interval=interval, gpu=False, backend=backend).start()
+        monitor = Monitor(interval=interval, gpu=False, backend=backend, exact_peaks=exact_peaks).start()
         while monitor.store.seq == 0:  # running, like calibrax's sample taken at start
             time.sleep(0.001)
         if backend == "thread":
@@ -80,7 +82,7 @@ def run_nbmon(backend):
         c1 = cpu()
         monitor.stop()
         t, _, cols = monitor.store.series(["proc_rss_mb"])
-        return Run(t, monitor.summary().peak_rss_mb, c1 - c0, len(t))
+        return Run(t, monitor.summary().peak_mem_mb, c1 - c0, len(t))
     return run
 
 
@@ -231,12 +233,12 @@ def tight_loop_cost(children: int, rounds: int, per_round: int) -> dict:
     time.sleep(0.3)
     try:
         samplers = {}
-        for exact_peak in (True, False):
-            sampler = samplers[exact_peak] = Sampler(
-                Sources(os.getpid(), Options(gpu=False, exact_peak=exact_peak)).all, None, 0.1)
+        for exact_peaks in (False, True):
+            sampler = samplers[exact_peaks] = Sampler(
+                Sources(os.getpid(), Options(gpu=False, exact_peaks=exact_peaks)).all, None, 0.1)
             sampler.prime()
             sampler.sink = Store(sampler.fields).append
-        exact, sampled = samplers[True], samplers[False]
+        default, resets = samplers[False], samplers[True]
         proc = psutil.Process()
         proc.cpu_percent()
         pids = [os.getpid()] + [k.pid for k in kids]
@@ -258,12 +260,12 @@ def tight_loop_cost(children: int, rounds: int, per_round: int) -> dict:
             return (time.perf_counter(), proc.cpu_percent(), proc.memory_info().rss / MIB)
 
         fns = {"raw-read floor": floor,
-               # Only nbmon's sampler ran since the last sample: no high-water mark to read.
-               "nbmon (thread), process idle": lambda: exact.step(time.monotonic()),
-               # Another thread ran (here the loop itself): this process's mark is read each sample.
-               "nbmon (thread), process busy": lambda: exact.step(time.monotonic()),
-               # The same without the exact-peak work (Options(exact_peak=False)): its cost is the difference.
-               "nbmon (thread), busy, exact peak off": lambda: sampled.step(time.monotonic()),
+               # Only nbmon's sampler ran since the last sample: nothing of the process to read but its clock.
+               "nbmon (thread), process idle": lambda: default.step(time.monotonic()),
+               # Another thread ran (here the loop itself): its status (memory, mark) and stat are read.
+               "nbmon (thread), process busy": lambda: default.step(time.monotonic()),
+               # The opt-in (Options(exact_peaks=True)): the mark is also reset, through the board.
+               "nbmon (thread), busy, --exact-peaks": lambda: resets.step(time.monotonic()),
                "plain psutil": plain, "calibrax ResourceMonitor": calibrax_body}
         if available("memory_profiler"):
             from memory_profiler import _get_memory
@@ -281,11 +283,7 @@ def tight_loop_cost(children: int, rounds: int, per_round: int) -> dict:
             if not name.endswith("idle"):
                 return timed(fns[name])
             # As the sampler thread does: nbmon's thread names start with "nbmon-".
-            out = []
-            reader = threading.Thread(target=lambda: out.append(timed(fns[name])), name="nbmon-bench")
-            reader.start()
-            reader.join()
-            return out[0]
+            return in_nbmon_thread(lambda: timed(fns[name]))
         result = alternate(list(fns), rounds, body)
         for sampler in samplers.values():
             sampler.close_sources()
@@ -296,6 +294,106 @@ def tight_loop_cost(children: int, rounds: int, per_round: int) -> dict:
         for k in kids:
             k.kill()
             k.wait()
+
+
+def in_nbmon_thread(fn):
+    """``fn()`` on a thread named as nbmon's sampler is (its own CPU is then
+    not the watched process running), its answer."""
+    out = []
+    reader = threading.Thread(target=lambda: out.append(fn()), name="nbmon-bench")
+    reader.start()
+    reader.join()
+    return out[0]
+
+
+def tree_cost(children: int, rounds: int, per_round: int) -> dict:
+    """The process tree alone, this process and ``children`` sleeping
+    children: µs of thread CPU per sample when nothing ran (each process's
+    clock only) and per full sample (every process's stat and status: kept
+    open within the fd budget, by path beyond it), and the fds kept."""
+    kids = [subprocess.Popen(["sleep", "600"]) for _ in range(children)]
+    tree = ProcessTree(os.getpid())
+    try:
+        tree.start()
+        deadline = time.monotonic() + 60
+        while len(tree.pids) < children + 1 and time.monotonic() < deadline:
+            tree.boundary()
+            tree.sample(time.monotonic())
+        kept = BUDGET.held
+
+        def timed(full: bool) -> float:
+            t0 = time.thread_time_ns()
+            for _ in range(per_round):
+                if full:
+                    tree.boundary()
+                tree.sample(time.monotonic())
+            return (time.thread_time_ns() - t0) / per_round / 1000
+        out = alternate(["idle", "full"], rounds, lambda kind: in_nbmon_thread(lambda: timed(kind == "full")))
+        return {**out, "kept": kept, "counted": len(tree.pids), "limit": fd_budget()}
+    finally:
+        tree.close()
+        for k in kids:
+            k.kill()
+            k.wait()
+
+
+WALKED = """
+import mmap, os, sys, time
+import numpy as np
+from nbmon.sources.proctree import ProcessTree
+size = 1 << 30
+if sys.argv[1] == "4k":
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf.madvise(mmap.MADV_NOHUGEPAGE)
+    a = np.frombuffer(buf, np.float64)
+else:
+    a = np.empty(size // 8)
+a[:] = 1.0
+tree = ProcessTree(os.getpid())
+tree.start()
+proc = tree._backend.procs[os.getpid()]
+t0 = time.thread_time()
+for _ in range(10):
+    proc.walk()
+print((time.thread_time() - t0) / 10 * 1000)
+"""
+
+POOL_RUN = """
+import multiprocessing as mp, os, sys, time
+import numpy as np
+from nbmon.engine import Monitor
+a = np.ones(1 << 27)                       # 1 GiB, shared with 4 forked workers
+def work(_):
+    end = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < end:          # they read it, and write 1 % of it a second (copy-on-write)
+        a[np.random.randint(0, a.size, a.size // 100 // 4 // 10) * 1] += 0.0
+        time.sleep(0.1)
+    return 0
+mon = Monitor(interval=0.1, gpu=False).start()
+t0 = time.monotonic()
+with mp.get_context("fork").Pool(4) as pool:
+    pool.map(work, range(4))
+wall = time.monotonic() - t0
+walker = mon.sources.tree._backend.walker
+mon.stop()
+print(walker.walks, walker.spent_s, wall)
+"""
+
+
+def walk_figures(rounds: int, seconds: float) -> dict:
+    """What reading PSS costs: one walk of a 1 GiB process (4 KiB pages,
+    huge pages), and the walker's share of a core over a run of a forked
+    pool that writes into what it shares."""
+    out = {kind: [float(subprocess.run([sys.executable, "-c", WALKED, kind], capture_output=True, text=True,
+                                       timeout=120).stdout) for _ in range(rounds)] for kind in ("4k", "huge")}
+    runs = []
+    for _ in range(rounds):
+        walks, spent, wall = subprocess.run([sys.executable, "-c", POOL_RUN, str(seconds)], capture_output=True,
+                                            text=True, timeout=300).stdout.split()
+        runs.append((int(walks), float(spent), float(wall)))
+    out["walks"] = [r[0] for r in runs]
+    out["share"] = [r[1] / r[2] * 100 for r in runs]
+    return out
 
 
 def schedstat(tid: int) -> tuple[float, float]:
@@ -348,13 +446,36 @@ def gaps(names, interval: float, rounds: int) -> dict:
     return out
 
 
+SPIKE_ONLY = {"nbmon (thread), --exact-peaks": run_nbmon("thread", exact_peaks=True),
+              "nbmon (process), --exact-peaks": run_nbmon("process", exact_peaks=True)}
+
+
 def spike_capture(names, trials: int) -> dict:
+    """Trials in a fresh interpreter each (``run.py --spike NAME``): in a
+    long-lived process the high-water mark stands at the highest it ever
+    was, and what the default (no resets) can say depends on that history."""
+    def body(name):
+        done = subprocess.run([sys.executable, __file__, "--spike", name], capture_output=True, text=True,
+                              timeout=120)
+        return done.stdout.strip() == "caught"
+    return alternate(names, trials, body)
+
+
+def one_spike(name: str) -> None:
+    """The process has been running a while (its mark: its size now), then
+    spikes once: caught or missed."""
+    np.ones(1)
+    base = psutil.Process().memory_info().rss / MIB
+    run = {**CONTENDERS, **SPIKE_ONLY}[name](spike(), 0.1)
+    print("caught" if run.peak_mb - base >= 0.9 * 160 else "missed")
+
+
+def repeated_spikes(name: str, trials: int) -> int:
+    """One process, the same spike ``trials`` times under one contender each
+    (the kernel between cells: its mark is the first spike's after the first)."""
     work = spike()
     base = psutil.Process().memory_info().rss / MIB
-
-    def body(name):
-        return CONTENDERS[name](work, 0.1).peak_mb - base >= 0.9 * 160
-    return alternate(names, trials, body)
+    return sum({**CONTENDERS, **SPIKE_ONLY}[name](work, 0.1).peak_mb - base >= 0.9 * 160 for _ in range(trials))
 
 
 def sampler_cpu(names, interval: float, rounds: int, work) -> dict:
@@ -444,7 +565,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer rounds: a smoke run")
     parser.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
+    parser.add_argument("--spike", metavar="CONTENDER", help=argparse.SUPPRESS)  # one trial, in this process
     args = parser.parse_args()
+    if args.spike:
+        return one_spike(args.spike)
     q = args.quick
     names = [n for n, f in CONTENDERS.items() if f is not None]
     missing = [n for n, f in CONTENDERS.items() if f is None]
@@ -465,12 +589,13 @@ def main() -> None:
     log("1. CPU per sample (tight loop)")
     rounds = 5 if q else 15
     lines += ["## 1. CPU µs per sample", "",
-              "Tight loop (no sleeping, so wake-up is excluded), thread CPU time. The floor reads what "
-              "every sample must: `stat` and `statm` of each process, `/proc/stat` and `/proc/meminfo`. "
-              "nbmon reads a process's high-water mark (`/proc/<pid>/status`) in the samples after it "
-              "ran: *idle* is a process where only nbmon's sampler ran (a kernel between cells), *busy* "
-              "one whose own threads ran in every interval; *exact peak off* is the busy case without "
-              "that read (`Options(exact_peak=False)`): the difference is what exact peaks cost.", "",
+              "Tight loop (no sleeping, so wake-up is excluded), thread CPU time. The floor reads "
+              "`stat` and `statm` of each process, `/proc/stat` and `/proc/meminfo`. nbmon reads a "
+              "process's CPU clock every sample, and its `status` (memory, high-water mark) and `stat` "
+              "(reaped children's CPU) in the samples after it ran: *idle* is a process where only "
+              "nbmon's sampler ran (a kernel between cells), *busy* one whose own threads ran in every "
+              "interval; *--exact-peaks* is the busy case with the opt-in resets (`clear_refs` and the "
+              "board's lock and read-write).", "",
               "| contender | no children | 4 children | ratio to floor |", "|---|---|---|---|"]
     loops = {k: tight_loop_cost(k, rounds, 200 if q else 1000) for k in (0, 4)}
     for name in loops[0]:
@@ -507,13 +632,19 @@ def main() -> None:
 
     log("3. spike capture")
     trials = 8 if q else 20
-    caught = spike_capture(names, trials)
+    spikers = names + list(SPIKE_ONLY)
+    caught = spike_capture(spikers, trials)
+    again = {name: repeated_spikes(name, trials) for name in spikers}
     lines += ["", "## 3. Spike capture", "",
               f"A 30 ms, 160 MiB allocate-touch-free in the monitored process, sampled at 10 Hz, {trials} trials: "
-              "how often the reported peak catches ≥ 90 % of the spike.", "",
-              "| contender | caught |", "|---|---|"]
-    for name in names:
-        lines.append(f"| {name} | {sum(caught[name])}/{trials} |")
+              "how often the reported peak catches ≥ 90 % of the spike. *First spike*: each trial in a fresh "
+              "process, whose high-water mark is its size until then. *Same spike again*: one process "
+              "spikes every trial: without resets, nbmon can then only say that the peak was at most the "
+              "mark (the figure is the sampled one, labelled so); `--exact-peaks` resets the mark, which "
+              "also resets what `ru_maxrss` and `/usr/bin/time -v` read.", "",
+              "| contender | first spike | same spike again |", "|---|---|---|"]
+    for name in spikers:
+        lines.append(f"| {name} | {sum(caught[name])}/{trials} | {again[name]}/{trials} |")
 
     log("4. gaps")
     interval = 0.02
@@ -548,6 +679,27 @@ def main() -> None:
         lines.append(f"| Monitor(backend='{backend}').start() to first sample | {med(values)} |")
     lines.append(f"| `%resmon` to first sample (IPython shell, includes building the plotly "
                  f"FigureWidget) | {med([r[0] for r in st['resmon']])} |")
+    log("8. big trees, shared pages")
+    lines += ["", "## 8. Big trees and shared pages", "",
+              "The process tree alone, this process and N sleeping children (`sleep`), µs of thread CPU "
+              "per sample: *idle* when no process ran (each one's CPU clock only: no file), *full* every "
+              "process's `stat` and `status` (the 1 s cadence, a span's boundary). Files are kept open "
+              f"within the fd budget ({fd_budget()} here: 64 or 5 % of `RLIMIT_NOFILE`, whichever is "
+              "smaller) and read by path beyond it.", "",
+              "| children | µs per sample, idle | µs per sample, full | fds kept open | processes counted |",
+              "|---|---|---|---|---|"]
+    for n in (10, 100, 1000):
+        cost = tree_cost(n, 3 if q else 7, 20 if q else 100)
+        lines.append(f"| {n} | {med(cost['idle'])} | {med(cost['full'])} | {cost['kept']} | {cost['counted']} |")
+    walks = walk_figures(3 if q else 5, 10.0 if q else 30.0)
+    lines += ["", "Shared pages counted once: PSS from `smaps_rollup`, whose read walks the page tables. "
+              "One walk of a 1 GiB process, ms of CPU: "
+              f"{med(walks['4k'])} in 4 KiB pages, {med(walks['huge'])} in huge pages. The walks are paid "
+              "from a budget (0.5 % of a core on average), when the tree's membership or its shareable "
+              "pages change and at most every 5 s while it runs. Over a run of a 1 GiB kernel with a "
+              "4-worker forked pool writing into what it shares (copy-on-write), "
+              f"{'30' if not q else '10'} s, the walks took {med(walks['share'])} % of a core "
+              f"({med(walks['walks'])} walks)."]
     print(results_file.update(args.out, "\n".join(lines) + "\n", owns=r"## \d+\. ", header=True))
 
 

@@ -27,6 +27,7 @@ import resource
 import threading
 
 BUFFER_SIZE = 65536  # a children list of a few thousand pids fits
+CHILDREN_SIZE = 1 << 20   # a children list: ~150,000 pids
 MAX_KEPT_FDS = 64
 KEPT_SHARE = 0.05
 
@@ -56,23 +57,42 @@ def _oserror(path: str | None = None) -> OSError:
     return OSError(err, os.strerror(err), path) if path else OSError(err, os.strerror(err))
 
 
-def _buffer():
-    try:
-        return _local.buf
-    except AttributeError:
-        buf = _local.buf = ctypes.create_string_buffer(BUFFER_SIZE)
-        return buf
+def _buffer(size: int):
+    """This thread's read buffer, at least ``size`` bytes (it only grows for
+    a file that needs it: a children list of thousands)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or len(buf) < size:
+        grown = ctypes.create_string_buffer(max(size, BUFFER_SIZE))
+        if buf is not None:
+            ctypes.memmove(grown, buf, len(buf))
+        buf = _local.buf = grown
+    return buf
 
 
 def pread(fd: int, size: int = BUFFER_SIZE) -> bytes:
-    """The first ``size`` (at most BUFFER_SIZE) bytes of the file open on ``fd``."""
+    """The first ``size`` bytes of the file open on ``fd`` (all of it when
+    shorter). A /proc file comes a page per read (seq_file): a children list
+    of a pool of 1,000 is two pages, so reads go on until the file ends."""
     if _pread is None:
-        return os.pread(fd, size, 0)
-    buf = _buffer()
-    n = _pread(fd, buf, size, 0)
-    if n < 0:
-        raise _oserror()
-    return _string_at(buf, n)
+        data = b""
+        while len(data) < size:
+            chunk = os.pread(fd, size - len(data), len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
+    buf = _buffer(min(size, BUFFER_SIZE))
+    total = 0
+    while total < size:
+        if total == len(buf):
+            buf = _buffer(min(size, 2 * len(buf)))
+        n = _pread(fd, ctypes.addressof(buf) + total, min(size, len(buf)) - total, total)
+        if n < 0:
+            raise _oserror()
+        if n == 0:
+            break
+        total += n
+    return _string_at(buf, total)
 
 
 def open_path(path: str) -> int:
@@ -106,7 +126,10 @@ def read_path_released(path: str) -> bytes:
     with the GIL released, so the kernel's own threads run meanwhile."""
     fd = os.open(path, _READ_ONLY)
     try:
-        return os.pread(fd, BUFFER_SIZE, 0)
+        data = b""
+        while chunk := os.read(fd, BUFFER_SIZE):
+            data += chunk
+        return data
     finally:
         os.close(fd)
 

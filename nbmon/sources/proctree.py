@@ -66,7 +66,7 @@ from typing import NamedTuple
 from .. import catalog
 from .cgroup import cgroup_dirs, cpu_limit
 from .peaks import PeakMark
-from .procfs import GONE, ProcFile, read_path, read_path_released
+from .procfs import CHILDREN_SIZE, GONE, ProcFile, read_path, read_path_released
 
 NAN = math.nan
 MIB = 1024.0 * 1024.0
@@ -169,7 +169,7 @@ class _Proc:
                  "own_s", "children_s", "counted_s", "carry_s", "ran_s", "own_ran_s", "ran", "busy", "scan",
                  "threads", "rss_kb", "start_kb", "hwm_kb", "anon_kb", "file_kb", "shmem_kb",
                  "off_kb", "walked", "reaped", "reaped_cpus", "grown_s", "read_bytes", "write_bytes", "cpus", "exited",
-                 "peak_kb", "bound_kb", "share_kb", "start_off_kb", "shareable_kb")
+                 "peak_kb", "bound_kb", "share_kb", "start_off_kb", "shareable_kb", "io_stale")
 
     def __init__(self, pid: int, parent: int | None, keep: bool):
         self.pid, self.parent = pid, parent
@@ -203,6 +203,7 @@ class _Proc:
         self.reaped_cpus: frozenset = frozenset()   # ... and the CPUs they could use
         self.grown_s = 0.0       # how much its reaped children's CPU grew in this refresh
         self.read_bytes = self.write_bytes = NAN
+        self.io_stale = True     # ran since its I/O counters were last read
         self.cpus = frozenset()
         self.exited = False
         self.peak_kb = self.bound_kb = 0.0   # this interval's peak and its bracket's upper end
@@ -250,6 +251,7 @@ class _Proc:
         return parse_status(self.status.read(4096))
 
     def read_io(self) -> None:
+        self.io_stale = False
         try:
             text = read_path(f"/proc/{self.pid}/io", 1024)
         except OSError:  # another user's process (needs ptrace rights), or going
@@ -287,7 +289,7 @@ def all_thread_child_pids(pid: int) -> list[int]:
     pids = []
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            pids.extend(int(p) for p in read_path(f"/proc/{pid}/task/{tid}/children").split())
+            pids.extend(int(p) for p in read_path(f"/proc/{pid}/task/{tid}/children", CHILDREN_SIZE).split())
         except OSError as err:
             if err.errno not in GONE:  # the thread exited while we listed: fine; EMFILE: not
                 raise
@@ -577,8 +579,9 @@ class _ProcBackend:
                 proc.read_clock()
                 if proc.pid == root_pid and self.root_is_self:
                     self._discount_reader(proc, reader_s)
-                if proc.ran or proc.busy or slow:
+                if proc.ran or proc.busy:  # only a process that runs reaps, exits, does I/O
                     self._read_cpu(proc, interval, root_pid)
+                    proc.io_stale = True
                 self._read_memory(proc, interval, slow)
             except OSError as err:
                 if err.errno in GONE:
@@ -595,12 +598,13 @@ class _ProcBackend:
         if root_pid in self.procs and self.procs[root_pid].exited:
             self.root_alive = False
         if self.tree.children and (self.procs or self.tree.adopt) and self._forked(slow):
-            for proc in self._find_children(thorough=slow, interval=interval, boot_s=boot_s):
+            for proc in self._find_children(interval=interval, boot_s=boot_s):
                 shown_s += self._shown_s(proc, dt, backfill_s=self._backfill_s(proc, dt))
         self._last_boot_s = boot_s
         if slow:
             for proc in self.procs.values():
-                proc.read_io()
+                if proc.io_stale:
+                    proc.read_io()
         self.unproven_kb = self._unproven_kb()
         self._memory = figures = interval.figures(self.procs.values(), adjust_start_kb,
                                                   self.orphan_share_kb - self.unproven_kb)
@@ -695,8 +699,11 @@ class _ProcBackend:
         """The CPU ``proc`` shows in this interval's rate: what it used since
         it was last counted (less what a late-found one used before the
         interval), capped at its own CPUs, the rest carried."""
-        used_s = proc.cpu_s - proc.counted_s - backfill_s + proc.carry_s
-        proc.counted_s = proc.cpu_s
+        cpu_s = proc.own_s + proc.children_s
+        if cpu_s == proc.counted_s and not proc.carry_s and not backfill_s:
+            return 0.0  # idle: the common case in a big pool
+        used_s = cpu_s - proc.counted_s - backfill_s + proc.carry_s
+        proc.counted_s = cpu_s
         if used_s > dt:  # more than one CPU's worth: the cap matters, and affinity can change (taskset)
             proc.cpus = _affinity(proc.pid)
         cpus = self._cpus_of(proc, dt)
@@ -786,12 +793,13 @@ class _ProcBackend:
         changed, self._last_pid = last != self._last_pid, last
         return changed or slow or self.tree.adopt
 
-    def _find_children(self, thorough: bool, interval: "_Interval", boot_s: float) -> list[_Proc]:
+    def _find_children(self, interval: "_Interval", boot_s: float) -> list[_Proc]:
         """Add the processes new to the tree (children of every thread of the
-        members that ran, of every member when ``thorough``); returns them."""
+        members that ran since they were last listed: a process that did not
+        run forked nothing); returns them."""
         known = self.procs
         found = []
-        queue = [p for p in known.values() if thorough or p.scan]
+        queue = [p for p in known.values() if p.scan]
         for proc in queue:
             proc.scan = False
         if self.tree.adopt:  # orphans handed to us, the subreaper
