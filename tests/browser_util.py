@@ -177,6 +177,15 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"   # screenshots, not committed
 
 
+def need_chromium() -> None:
+    """Fail (never skip) where there is no Chromium: the browser tests need a real browser."""
+    import pytest
+
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"Chromium is not installed at {CHROMIUM} (set NBMON_CHROMIUM to another path, or install "
+                    "the distribution's chromium package): the browser tests need a real browser")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

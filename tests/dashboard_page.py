@@ -84,25 +84,33 @@ INIT_SCRIPT = r"""(() => {
 })();"""
 
 
-# Contrast (WCAG) of the chart's texts against what is behind them, read in
-# the page: the hover box's texts against its box, the cell bands' labels
-# against the band over the page.
-CONTRASTS = r"""(plot) => {
+# Colours read in the page: rgb(text) -> [r, g, b, a]; over(fg, bg) -> opaque;
+# backdrop(el): the opaque colour behind el (its first ancestor with one);
+# contrast(a, b): WCAG's ratio. Shared by the scripts below and the viewer tests.
+COLORS = r"""
   const rgb = (c) => (c.match(/[\d.]+/g) || []).map(Number);
   const over = (fg, bg) => [0, 1, 2].map((i) => fg[i] * (fg[3] ?? 1) + bg[i] * (1 - (fg[3] ?? 1)));
-  let page = [255, 255, 255];
-  for (let n = plot; n; n = n.parentElement) {
-    const c = rgb(getComputedStyle(n).backgroundColor);
-    if (c.length && (c[3] ?? 1) > 0) { page = c.slice(0, 3); break; }
-  }
+  const backdrop = (el) => {
+    for (let n = el; n; n = n.parentElement) {
+      const c = rgb(getComputedStyle(n).backgroundColor);
+      if (c.length && (c[3] ?? 1) > 0) return c.slice(0, 3);
+    }
+    return [255, 255, 255];
+  };
   const lum = (c) => { const l = c.map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
                        return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2]; };
-  const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+  const contrast = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+"""
+
+# Contrast of the chart's texts against what is behind them: the hover box's
+# texts against its box, the cell bands' labels against the band over the page.
+CONTRASTS = "(plot) => {" + COLORS + r"""
+  const page = backdrop(plot);
   const fill = (el) => { const s = getComputedStyle(el); return over([...rgb(s.fill).slice(0, 3), +s.fillOpacity], page); };
   const box = plot.querySelector(".hoverlayer .legend rect.bg, .hoverlayer .hovertext path");
-  const hover = box ? [...plot.querySelectorAll(".hoverlayer text")].map((t) => ratio(fill(t), fill(box))) : [];
+  const hover = box ? [...plot.querySelectorAll(".hoverlayer text")].map((t) => contrast(fill(t), fill(box))) : [];
   const band = over([128, 128, 128, 0.1], page);
-  const labels = [...plot.querySelectorAll(".shape-label-text")].map((t) => ratio(fill(t), band));
+  const labels = [...plot.querySelectorAll(".shape-label-text")].map((t) => contrast(fill(t), band));
   return { hover, labels };
 }"""
 

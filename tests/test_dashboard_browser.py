@@ -6,7 +6,6 @@ notebook saved while it runs shows its figures after the kernel is gone."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from browser_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, JupyterLab, wait_for
+from browser_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, JupyterLab, need_chromium, wait_for
 from dashboard_page import CONTRASTS, INIT_SCRIPT, execute_time, idle_figures
 
 IDLE_S = 30            # the issue's window: an open dashboard, nothing running
@@ -37,8 +36,7 @@ def write_notebook(path: Path, cells) -> None:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"Chromium is not installed at {CHROMIUM}: the browser tests need a real browser")
+    need_chromium()
     base = tmp_path_factory.mktemp("jupyterlab")
     root = base / "root"
     root.mkdir()

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import bleach
 import nbformat
@@ -26,7 +24,8 @@ from nbclient import NotebookClient
 from nbconvert import HTMLExporter
 from nbformat.v4 import new_code_cell, new_notebook
 
-from browser_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, JupyterLab, wait_for
+from browser_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, JupyterLab, need_chromium, wait_for
+from dashboard_page import COLORS
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 WORK = ("%%resmon --label work\nimport time\nblock = bytearray(200 * 2**20)\nt0 = time.perf_counter()\n"
@@ -79,8 +78,7 @@ def github_page(nb, theme: str) -> str:
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """The notebook run by nbclient and written to disk, never signed; and a trusted copy."""
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"Chromium is not installed at {CHROMIUM}: the viewer tests need a real browser")
+    need_chromium()
     base = tmp_path_factory.mktemp("viewers")
     root = base / "root"
     root.mkdir()
@@ -115,26 +113,14 @@ def browser():
 
 # What the page shows: every table that has a "Duration" row, the elements
 # around it up to its output, the pictures, and contrasts, read in the page.
-READ = r"""() => {
-  const rgb = (c) => (c.match(/[\d.]+/g) || []).map(Number);
-  const over = (fg, bg) => [0, 1, 2].map((i) => fg[i] * (fg[3] ?? 1) + bg[i] * (1 - (fg[3] ?? 1)));
-  const bgOf = (el) => {
-    for (let n = el; n; n = n.parentElement) {
-      const c = rgb(getComputedStyle(n).backgroundColor);
-      if (c.length && (c[3] ?? 1) > 0) return c.slice(0, 3);
-    }
-    return [255, 255, 255];
-  };
-  const lum = (c) => { const l = c.map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
-                       return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2]; };
-  const contrast = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+READ = "() => {" + COLORS + r"""
   const output = (el) => el.closest(".jp-OutputArea-output, .gh-output") || el.parentElement;
   const tables = [...document.querySelectorAll("table")].filter((t) =>
     [...t.querySelectorAll("td, th")].some((c) => c.textContent.trim() === "Duration"));
   const records = tables.map((t) => {
     const out = output(t);
     const cell = t.querySelector("td");
-    const bg = bgOf(cell);
+    const bg = backdrop(cell);
     return {
       rows: [...t.rows].map((r) => [...r.cells].map((c) => c.textContent.trim())),
       text: out.textContent, svg: out.querySelectorAll("svg").length,

@@ -421,10 +421,6 @@ class Dashboard:
         self._t0 = _origin(store)
         self._t_last = store.latest()["t"] if len(store) else -math.inf
 
-    def _latest(self) -> dict:
-        store = self.monitor.store
-        return store.latest_known() if store is not None else {}
-
     def _title(self, store) -> str:
         text = headline(store.latest_known())
         return text + " · stopped" if self.frozen else text
