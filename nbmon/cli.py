@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, (_, text) in {**STREAMS, **REPORTS}.items():
         run.add_argument(_flag(name), metavar="PATH", help=text)
     run.add_argument("--force", action="store_true", help="replace output files that already exist")
-    run.add_argument("--no-gpu", action="store_true", help="do not read NVIDIA GPUs")
+    run.add_argument("--no-gpu", action="store_true", help="do not read GPUs")
     run.add_argument("--no-children", action="store_true", help="only the command's own process")
     run.add_argument("--exact-peaks", action="store_true",
                      help="reset the watched processes' high-water marks so that every peak between samples is "

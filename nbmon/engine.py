@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 from .consumers import ConsumerThread, as_consumer
 from .faults import FaultLog
 from .options import Options, check_pid
-from .sampler import STOP_GRACE_S, Sampler
+from .sampler import STOP_GRACE_S, Sampler, Sampling
 from .sources import Sources
 from .sources.machine import Machine
 from .sources.proctree import ProcessTree
@@ -30,7 +30,7 @@ _running: "weakref.WeakSet[Monitor]" = weakref.WeakSet()
 
 
 class Monitor:
-    """Samples a process tree, the machine and NVIDIA GPUs every ``interval`` seconds.
+    """Samples a process tree, the machine and its GPUs every ``interval`` seconds.
 
     ``pid`` defaults to this process; ``options`` (an :class:`Options`), with
     any of its fields given as keywords on top (``Monitor(interval=0.5,
@@ -61,7 +61,7 @@ class Monitor:
         self.store: Store | None = None
         self.sources: Sources | None = None   # the thread backend's, for inspection
         self._info: Callable[[], dict] = dict
-        self._sampler: Sampler | None = None
+        self._sampler: Sampling | None = None
         self._consumer_thread: ConsumerThread | None = None
         self._run_window: Window | None = None
         self._consumer_faults = FaultLog()

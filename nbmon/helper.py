@@ -158,9 +158,8 @@ def import_path() -> list[str]:
 
 
 class ProcessSampler:
-    """Same surface as :class:`~nbmon.sampler.Sampler` for the monitor:
-    ``prime()``, ``launch()``, ``stop()``, ``sample_now()``, ``running``,
-    ``fields``, ``t_start``, ``faults``, ``sink``, ``until``/``on_finish``."""
+    """A :class:`~nbmon.sampler.Sampling`, as the thread's Sampler is, whose
+    sampling happens in the helper process."""
 
     name = "nbmon-reader"
 

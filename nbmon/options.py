@@ -61,7 +61,7 @@ class Options:
 
     ``interval`` seconds between samples; ``children``: the watched
     process's descendants too; ``system``: machine-wide and container
-    (cgroup) figures; ``gpu``: NVIDIA GPUs through NVML; ``exact_peaks``:
+    (cgroup) figures; ``gpu``: GPUs (:mod:`nbmon.sources.gpus`); ``exact_peaks``:
     reset the kernel's high-water marks of the watched processes so that
     every interval's peak is exact (Linux) -- this changes what other tools
     read about those processes (VmHWM, ``getrusage``'s ``ru_maxrss``,

@@ -21,7 +21,7 @@ import math
 import operator
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -29,6 +29,30 @@ from .faults import FaultLog, source_name
 
 NAN = math.nan
 STOP_GRACE_S = 0.1  # stop() waits one interval plus this for the thread to end
+
+
+class Sampling(Protocol):
+    """What the engine drives: this module's :class:`Sampler` (a thread) and
+    :class:`nbmon.helper.ProcessSampler` (a helper process) alike."""
+
+    fields: tuple[str, ...]
+    t_start: float
+    faults: FaultLog
+    sink: Callable | None
+    on_finish: Callable[[], None] | None
+
+    @property
+    def running(self) -> bool: ...
+
+    def prime(self) -> None: ...
+
+    def launch(self) -> None: ...
+
+    def stop(self, timeout: float | None = None, *, final: bool = False) -> bool: ...
+
+    def sample_now(self) -> bool: ...
+
+    def close_sources(self) -> None: ...
 
 
 class Sampler:

@@ -15,6 +15,7 @@ from nbmon.engine import Monitor
 from nbmon.notebook import charts
 from nbmon.senders import CSVSender
 from nbmon.sources import nvml
+from nbmon.sources.gpus import GPUs
 from nbmon.sources.machine import Machine
 from nbmon.sources.proctree import ProcessTree
 
@@ -64,7 +65,7 @@ def test_every_chart_row_headline_is_a_catalog_metric():
 
 def test_builtin_sources_return_exactly_their_catalog_metrics(fake_gpu):
     fake_gpu.set(devices=[{"util_gpu": 10}, {"util_gpu": 30}])
-    tree, machine, gpus = ProcessTree(), Machine(), nvml.GPUs()
+    tree, machine, gpus = ProcessTree(), Machine(), GPUs()
     now = time.monotonic()
     for source in (tree, machine, gpus):
         source.start(now)
@@ -82,7 +83,7 @@ def test_builtin_sources_return_exactly_their_catalog_metrics(fake_gpu):
 
 def test_fan_speed_is_one_catalog_entry_and_one_query(fake_gpu):
     fake_gpu.set(devices=[{"fan": 42}, {"fan": 77}])
-    gpus = nvml.GPUs()
+    gpus = GPUs()
     gpus.start(time.monotonic())
     try:
         values = gpus.sample(time.monotonic())

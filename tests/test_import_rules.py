@@ -30,7 +30,7 @@ MODULES = sorted(dotted(p) for p in PACKAGE.rglob("*.py"))
 LAYERS = (
     "values", "catalog", "options", "format", "render", "faults", "runtime", "files",
     "sources.procfs", "sources.peaks", "sources.cgroup", "sources.proctree", "sources.machine",
-    "sources.nvml", "sources",
+    "sources.nvml", "sources.gpus", "sources",
     "sampler", "helper", "store", "summary", "senders", "consumers", "tables",
     "blackbox", "memwarn", "postmortem", "engine",
     "notebook.frames", "notebook.charts", "notebook.meter", "notebook.kernel_watch", "notebook.dashboard",

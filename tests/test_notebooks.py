@@ -127,7 +127,7 @@ def test_quickstart_exports_to_html_with_static_records(quickstart):
 
 
 GPU_COUNT = """
-from nbmon.sources.nvml import GPUs
+from nbmon.sources.gpus import GPUs
 gpus = GPUs()
 gpus.start(0.0)
 print(len(gpus.devices))

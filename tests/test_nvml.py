@@ -13,6 +13,7 @@ import pytest
 
 import nbmon
 import nbmon.sources.nvml as nvml
+from nbmon.sources.gpus import GPUs
 from nbmon import catalog
 from fake_nvml import init_refcount, unload_from_pynvml
 from helpers import in_forked_child, wait_until
@@ -31,13 +32,13 @@ DEV_B = dict(name="FakeGPU-B", util_gpu=99, util_mem=64, mem_total=24 * GIB,
              sm_clock=1410, mem_clock=1215)
 
 
-def started(tree_pids=lambda: ()) -> nvml.GPUs:
-    gpus = nvml.GPUs(tree_pids=tree_pids)
+def started(tree_pids=lambda: ()) -> GPUs:
+    gpus = GPUs(tree_pids=tree_pids)
     gpus.start(0.0)
     return gpus
 
 
-def read(gpus: nvml.GPUs) -> dict[str, float]:
+def read(gpus: GPUs) -> dict[str, float]:
     row = gpus.sample(0.0)
     assert set(row) == set(gpus.fields)
     return row
@@ -131,6 +132,11 @@ def test_unknown_errors_give_nan_and_are_asked_again(fake_gpu):
     assert v["gpu_util_percent"] == 99          # mean of what is known
     assert v["gpu_mem_used_mb"] == 1536.0
     assert gpus.state == "ok"
+    # Said, for the run's faults: which query of which GPU failed, and how.
+    assert gpus.drain_faults() == ["GPU 0: NVML utilization query failed: Unknown Error",
+                                   "GPU 1: NVML memory query failed: Unknown Error",
+                                   "GPU 1: NVML sm_clock query failed: Timeout"]
+    assert gpus.drain_faults() == []
     # A transient error is asked again: the values come back.
     fake_gpu.update(errors={})
     v = read(gpus)
@@ -176,9 +182,11 @@ def test_device_count_changing_under_a_running_monitor(fake_gpu):
         seq = mon.store.seq
         wait_until(lambda: mon.store.seq >= seq + 3, timeout=20.0, what="samples after a GPU appeared")
         assert mon.running
-        assert mon.faults == {}
+        # The GPUs' loss is a fault the run reports, not a silent NaN.
+        assert set(mon.faults) == {"gpu"} and "GPU is lost" in mon.faults["gpu"].first_error
     finally:
-        mon.stop()
+        with pytest.warns(RuntimeWarning, match="gpu failed"):
+            mon.stop()
     assert mon.gpu_state == "GPU 0, 1 lost"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbmon.sources.nvml import GPUs
+from nbmon.sources.gpus import GPUs
 
 UUIDS = ["GPU-aaaa0000-0000", "GPU-bbbb1111-1111", "GPU-cccc2222-2222"]
 

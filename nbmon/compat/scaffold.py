@@ -28,7 +28,7 @@ import psutil
 from .. import catalog
 from ..engine import Monitor
 from ..options import check_interval, check_pid
-from ..sources import nvml
+from ..sources import gpus
 from ..sources.proctree import ProcessTree
 from .calibrax import ThreadView
 
@@ -165,7 +165,7 @@ class SystemMonitor:
         self._sample_rate_seconds = rate
         self._rank_prefix = f"rank{rank}." if rank is not None else ""
         self.sampler: StatsDict = {}
-        self.gpu_count: int = nvml.device_count()
+        self.gpu_count: int = gpus.device_count()
         self.network_init: Dict | None = _network_bytes()
         self.rank = rank
         self.tree = tree

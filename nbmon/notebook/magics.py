@@ -99,7 +99,7 @@ class ResmonMagics(Magics):
     @argument("--interval", metavar="S", help=f"seconds between samples (default {DEFAULT_INTERVAL_S:g})")
     @argument("--window", metavar="S", help="seconds shown by the live dashboard (default 600)")
     @argument("--threshold", metavar="S", help="auto mode: only summarise cells longer than this (default 1)")
-    @argument("--no-gpu", action="store_true", help="do not read NVIDIA GPUs")
+    @argument("--no-gpu", action="store_true", help="do not read GPUs")
     @argument("--no-children", action="store_true", help="only the kernel process, not its children")
     @argument("--no-system", action="store_true", help="no machine-wide figures")
     @argument("--exact-peaks", action="store_true",

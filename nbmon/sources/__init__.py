@@ -1,17 +1,38 @@
-"""Where the figures come from: the watched process tree, the machine, and
-NVIDIA GPUs. A source has ``name``, ``fields`` (catalog names, fixed by
-``start(now)``), ``sample(now)`` returning ``{name: float}`` (NaN where
-unknown), ``close()``, and optionally ``boundary()`` (make the next sample
-a full one). :class:`Sources` is the one place a run's sources are
-made, for the sampler thread and the helper process alike.
+"""Where the figures come from: the watched process tree, the machine, its
+container (cgroup) and GPUs. Every source is a :class:`Source`.
+:class:`Sources` is the one place a run's sources are made, for the sampler
+thread and the helper process alike.
 """
 from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
 
 from ..options import Options
 from .cgroup import Cgroup
 from .machine import Machine
-from .nvml import GPUs
+from .gpus import GPUs
 from .proctree import ProcessTree
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the sampler reads. ``fields`` are catalog names (or an extra
+    source's own), fixed once ``start(now)`` returned; ``sample(now)`` gives
+    a float for each (NaN where unknown) and may raise (its fields are then
+    NaN and the failure a fault). Optional: ``caller_safe = True`` (it
+    cannot get stuck: it may be read from the caller's thread, for a run's
+    baseline), ``boundary()`` (make the next sample a full one: a span
+    starts or ends there) and ``drain_faults() -> list[str]`` (what failed
+    in part, in words, since the last call)."""
+
+    name: str
+    fields: tuple[str, ...]
+
+    def start(self, now: float) -> None: ...
+
+    def sample(self, now: float) -> dict[str, float]: ...
+
+    def close(self) -> None: ...
 
 
 class Sources:

@@ -1,9 +1,13 @@
-"""NVIDIA GPUs through NVML (the ``pynvml`` module of nvidia-ml-py).
+"""NVIDIA GPUs through NVML (the ``pynvml`` module of nvidia-ml-py): one
+vendor of :mod:`nbmon.sources.gpus` (``NAME``, ``VISIBLE``, ``discover``,
+``uuid``, ``device``, ``status``), and calibrax's NVMLProfiler.
 
 The only module of nbmon that imports pynvml. NVML is initialised lazily,
 once per process id (a forked child initialises again), and :func:`status`
 says why GPU metrics are off when they are. A query that answers
-NotSupported gives NaN for that field only, and is not asked again.
+NotSupported gives NaN for that field only, and is not asked again; any
+other failure gives NaN too and is said (``Device.drain_errors``), so a
+failing GPU is a fault the user sees, not a silent gap.
 
 ``NBMON_NVML_LIBRARY`` names the NVML shared library when it is not where
 pynvml looks (``libnvidia-ml.so.1`` on the loader path).
@@ -134,8 +138,9 @@ QUERIES = {
 }
 
 
-class _Device:
-    """One GPU's queries; remembers which ones the device does not support."""
+class Device:
+    """One GPU's queries; remembers which ones the device does not support,
+    and says in words (:meth:`drain_errors`) which failed otherwise."""
 
     def __init__(self, pynvml, index: int):
         self.nv = pynvml
@@ -143,7 +148,7 @@ class _Device:
         self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         self.unsupported: set[str] = set()
         self.lost = False
-        self.errors = 0
+        self._errors: list[str] = []
         self.metric_names = catalog.names(catalog.DEVICE)
 
     def read(self, pids) -> dict[str, float]:
@@ -165,11 +170,15 @@ class _Device:
         except self.nv.NVMLError as err:
             if err.value == self.nv.NVML_ERROR_NOT_SUPPORTED:
                 self.unsupported.add(name)
-            elif err.value == self.nv.NVML_ERROR_GPU_IS_LOST:
-                self.lost = True
             else:
-                self.errors += 1
+                self.lost = self.lost or err.value == self.nv.NVML_ERROR_GPU_IS_LOST
+                if len(self._errors) < MAX_ERRORS:  # drained every sample
+                    self._errors.append(f"NVML {name} query failed: {err}")
             return {}
+
+    def drain_errors(self) -> list[str]:
+        errors, self._errors = self._errors, []
+        return errors
 
     def _tree_memory_mb(self, pids) -> float:
         if not pids:
@@ -185,111 +194,36 @@ class _Device:
         return sum(used.values()) / MIB
 
 
-def visible_indices(pynvml, count: int, spec: str | None) -> list[int]:
-    """The NVML indices of the devices that ``CUDA_VISIBLE_DEVICES`` (``spec``)
-    lets a process use: every device when unset; otherwise its entries in
-    order, each an index or a (prefix of a) UUID, and -- CUDA's rule -- the
-    list ends at the first entry that names no device (so "" is none). A
-    device keeps its NVML index (nvidia-smi's numbering, the same on every
-    process of a host), not the 0-based one CUDA gives it inside the process.
-    MIG instances (``MIG-...``) are not resolved: every device is kept."""
-    entries = None if spec is None else [e.strip() for e in spec.split(",")]
-    if entries is None or any(e.startswith("MIG-") for e in entries):
-        return list(range(count))
-    uuids: list[str] | None = None
-    out: list[int] = []
-    for entry in entries:
-        if entry.isdigit():
-            index = int(entry) if int(entry) < count else None
-        else:
-            if uuids is None:
-                uuids = [_uuid(pynvml, i) for i in range(count)]
-            named = [i for i, u in enumerate(uuids)
-                     if entry and (u.startswith(entry) or u.startswith("GPU-" + entry))]
-            index = named[0] if len(named) == 1 else None
-        if index is None or index in out:
-            break
-        out.append(index)
-    return out
+# -- the vendor interface of nbmon.sources.gpus -------------------------------
+
+NAME = "NVIDIA"
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+MAX_ERRORS = 64
 
 
-def _uuid(pynvml, index: int) -> str:
+def discover() -> tuple[int, str]:
+    """Initialise NVML: (devices, why none)."""
+    return (_device_count, "") if init() else (0, status())
+
+
+def uuid(index: int) -> str:
+    import pynvml
+
     try:
-        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+        value = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
     except pynvml.NVMLError:
         return ""
-    return uuid.decode() if isinstance(uuid, bytes) else uuid
+    return value.decode() if isinstance(value, bytes) else value
 
 
-class GPUs:
-    """Per-device and total GPU figures of the devices this process may use
-    (:func:`visible_indices` of its ``CUDA_VISIBLE_DEVICES``), plus the GPU memory of
-    the processes ``tree_pids()`` returns (pids as NVML sees them: inside a
-    container with its own pid namespace they do not match, and the tree's
-    GPU memory reads 0)."""
+def device(index: int) -> Device:
+    """The device at NVML ``index``; OSError saying why when NVML refuses it."""
+    import pynvml
 
-    name = "gpu"
-
-    def __init__(self, tree_pids=lambda: ()):
-        self.tree_pids = tree_pids
-        self.devices: list[_Device] = []
-        self.count = 0     # devices of the last start(), still known after close()
-        self.fields: tuple[str, ...] = ()
-        self.note = ""
-
-    @property
-    def state(self) -> str:
-        """'ok' or why there are no GPU figures, including a device lost mid-run."""
-        if self.note:
-            return self.note
-        lost = [str(d.index) for d in self.devices if d.lost]
-        if lost:
-            return f"GPU {', '.join(lost)} lost"
-        return status()
-
-    def start(self, now: float) -> None:
-        self.devices = []
-        if init():
-            import pynvml
-
-            spec = os.environ.get("CUDA_VISIBLE_DEVICES")
-            indices = visible_indices(pynvml, _device_count, spec)
-            if not indices:
-                self.note = f"no GPU visible to this process (CUDA_VISIBLE_DEVICES={spec!r})"
-            for index in indices:
-                try:
-                    self.devices.append(_Device(pynvml, index))
-                except pynvml.NVMLError as err:
-                    self.note = f"GPU {index}: {_reason(pynvml, err)}"
-        self.count = len(self.devices)
-        if not self.devices:
-            self.fields = ()
-            return
-        self._totals = [m for m in catalog.METRICS if m.source == catalog.GPU]
-        self.fields = tuple(m.name for m in self._totals) + tuple(
-            catalog.device_column(d.index, name) for d in self.devices
-            for name in catalog.names(catalog.DEVICE))
-
-    def sample(self, now: float) -> dict[str, float]:
-        if not self.devices:
-            return {}
-        pids = frozenset(self.tree_pids())
-        per_device = [d.read(pids) for d in self.devices]
-        out = {}
-        for total in self._totals:
-            known = [v[total.of] for v in per_device if v[total.of] == v[total.of]]
-            out[total.name] = (sum(known) / (len(known) if total.total == "mean" else 1)) if known else NAN
-        for device, values in zip(self.devices, per_device):
-            for name, value in values.items():
-                out[catalog.device_column(device.index, name)] = value
-        return out
-
-    def close(self) -> None:
-        # Keep saying which GPU was lost once the run is over (state reads devices).
-        lost = [str(d.index) for d in self.devices if d.lost]
-        if lost and not self.note:
-            self.note = f"GPU {', '.join(lost)} lost"
-        self.devices = []
+    try:
+        return Device(pynvml, index)
+    except pynvml.NVMLError as err:
+        raise OSError(_reason(pynvml, err)) from None
 
 
 class NVMLProfiler:
@@ -312,7 +246,7 @@ class NVMLProfiler:
                              f"NVML sees {_device_count} device(s)")
         import pynvml
 
-        self._device = _Device(pynvml, device_index)
+        self._device = Device(pynvml, device_index)
 
     def _get(self, query: str, metric: str) -> float:
         return self._device.query(query).get(metric, NAN)

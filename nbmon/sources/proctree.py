@@ -664,6 +664,11 @@ class _ProcBackend:
             interval.add(proc, proc.rss_kb, proc.rss_kb)  # did not run: it cannot have grown
             return
         status = proc.read_status()
+        if status.rss_kb == 0.0 and not proc.exited:
+            # No address space for an instant (mid-exec, or exiting before it
+            # is a zombie): 0 would not be a measurement; keep the last reading.
+            status = status._replace(rss_kb=proc.rss_kb, hwm_kb=proc.hwm_kb, anon_kb=proc.anon_kb,
+                                     file_kb=proc.file_kb, shmem_kb=proc.shmem_kb)
         rss = status.rss_kb if not proc.exited else 0.0
         lo = max(proc.start_kb, rss)
         if proc.mark is not None and (proc.ran or slow):
