@@ -37,11 +37,44 @@ UNIT_SUFFIX = {"%": "_percent", "MiB": "_mb", "s": "_s", "B": "_bytes", "B/s": "
 
 
 @dataclass(frozen=True, slots=True)
+class Shown:
+    """One row of a record (a cell's, a run's summary) showing a metric.
+
+    ``rank`` orders the rows; ``stat`` is the statistic shown (default: the
+    metric's ``summary``), or two joined by " / "; ``form`` is "value",
+    "peak" (the metric's peak, how exact it is in the title, and the most
+    it can have been), "of" (the value, then "of" ``other``'s: a usage and
+    its limit; ``alone`` titles ``other`` shown alone) or "split" (the
+    growth of the metric and of the ``other`` ones, named by their
+    ``short``). ``when`` it is shown: "known" (a value), "nonzero",
+    "above" (at least ``ABOVE_SHARE`` times ``other``'s and ``ABOVE_MB``
+    more) or "moved" (one of the ``other`` ones moved by ``MOVED_MB``)."""
+
+    title: str
+    rank: int
+    stat: str | tuple[str, str] = ""
+    form: str = "value"
+    other: str | tuple[str, ...] | None = None
+    when: str = "known"
+    alone: str = ""
+
+
+ABOVE_SHARE, ABOVE_MB = 1.05, 16.0   # an RSS sum worth showing beside the memory: shared pages
+MOVED_MB = 8.0                       # a growth worth splitting: page cache or shared memory moved
+
+
+@dataclass(frozen=True, slots=True)
 class Metric:
     """One measured quantity. ``chart`` names the live chart row it is drawn
     in (None: not charted); ``wandb`` is its key and statistic in scaffold's
     SystemMonitor (``{i}`` is the device index); a GPU total is the ``total``
-    ("sum" or "mean") of the DEVICE metric ``of`` over the devices."""
+    ("sum" or "mean") of the DEVICE metric ``of`` over the devices.
+
+    What a record shows of it: ``record`` (its rows, :class:`Shown`);
+    ``peak`` names the column of its peak within each interval (a peak is
+    read from there), ``bound`` the column of that peak's upper end;
+    ``short`` is its name in a headline ("CPU 3 % · Memory 120 MiB"), where
+    the ``meter`` metrics that have one are shown."""
 
     name: str
     unit: str
@@ -54,26 +87,37 @@ class Metric:
     wandb: tuple[str, str] | None = None
     total: str | None = None
     of: str | None = None
+    record: tuple[Shown, ...] = ()
+    peak: str | None = None
+    bound: str | None = None
+    short: str = ""
 
 
 METRICS: tuple[Metric, ...] = (
     # -- the process tree ------------------------------------------------------
     Metric("proc_cpu_percent", "%", "CPU, process tree (100 = one core)", RATE, MEAN, TREE,
-           chart="cpu", meter=True),
+           chart="cpu", meter=True, short="CPU", record=(Shown("CPU mean / peak", 90, (MEAN, PEAK)),)),
     Metric("proc_cpu_norm_percent", "%", "CPU, process tree (100 = every CPU)", RATE, MEAN, TREE),
-    Metric("proc_cpu_time_s", "s", "CPU time, process tree", COUNTER, DELTA, TREE),
+    Metric("proc_cpu_time_s", "s", "CPU time, process tree", COUNTER, DELTA, TREE,
+           record=(Shown("CPU time", 100),)),
     Metric("proc_pss_mb", "MiB", "memory, process tree (PSS: shared pages counted once)", GAUGE, PEAK,
-           TREE, chart="memory", meter=True),
+           TREE, chart="memory", meter=True, short="Memory", peak="proc_pss_peak_mb",
+           bound="proc_pss_peak_bound_mb",
+           record=(Shown("Peak memory", 20, form="peak"), Shown("Memory growth", 30, DELTA),
+                   Shown("Mean memory", 40, MEAN))),
     Metric("proc_pss_peak_mb", "MiB", "peak memory, process tree", GAUGE, PEAK, TREE),
     Metric("proc_pss_peak_bound_mb", "MiB", "peak memory at most, process tree", GAUGE, PEAK, TREE),
     Metric("proc_rss_mb", "MiB", "RSS sum, process tree (shared pages counted in each process)", GAUGE,
-           PEAK, TREE, wandb=("proc.memory.rssMB", MEAN)),
+           PEAK, TREE, wandb=("proc.memory.rssMB", MEAN), peak="proc_rss_peak_mb",
+           record=(Shown("Peak RSS sum (shared pages in each process)", 50, when="above", other="proc_pss_mb"),)),
     Metric("proc_rss_peak_mb", "MiB", "peak RSS sum, process tree", GAUGE, PEAK, TREE),
-    Metric("proc_rss_anon_mb", "MiB", "anonymous RSS, process tree", GAUGE, LAST, TREE),
+    Metric("proc_rss_anon_mb", "MiB", "anonymous RSS, process tree", GAUGE, LAST, TREE, short="anon",
+           record=(Shown("RSS growth by kind", 60, DELTA, form="split", when="moved",
+                         other=("proc_rss_file_mb", "proc_rss_shmem_mb")),)),
     Metric("proc_rss_file_mb", "MiB", "file-backed RSS (mapped files' page cache), process tree", GAUGE,
-           LAST, TREE),
+           LAST, TREE, short="page cache"),
     Metric("proc_rss_shmem_mb", "MiB", "shared-memory RSS (/dev/shm, tmpfs), process tree", GAUGE, LAST,
-           TREE),
+           TREE, short="shared memory"),
     Metric("proc_threads", "", "threads, process tree", GAUGE, LAST, TREE,
            wandb=("proc.cpu.threads", LAST)),
     Metric("proc_count", "", "processes in the tree", GAUGE, PEAK, TREE),
@@ -100,9 +144,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("sys_net_recv_bytes_per_s", "B/s", "network receive rate", RATE, MEAN, MACHINE),
     Metric("sys_load1", "", "load average, 1 min", GAUGE, MEAN, MACHINE),
     # -- the container (cgroup) ------------------------------------------------
-    Metric("cgroup_mem_used_mb", "MiB", "memory used, container", GAUGE, PEAK, CGROUP),
+    Metric("cgroup_mem_used_mb", "MiB", "memory used, container", GAUGE, PEAK, CGROUP,
+           record=(Shown("Container memory peak / limit", 70, form="of", other="cgroup_mem_limit_mb",
+                         alone="Memory limit (container)"),)),
     Metric("cgroup_mem_limit_mb", "MiB", "memory limit, container", GAUGE, LAST, CGROUP, chart="memory"),
-    Metric("cgroup_oom_kills", "", "OOM kills, container", COUNTER, DELTA, CGROUP),
+    Metric("cgroup_oom_kills", "", "OOM kills, container", COUNTER, DELTA, CGROUP,
+           record=(Shown("OOM kills (container)", 80, when="nonzero"),)),
     Metric("cgroup_cpu_limit_cpus", "CPUs", "CPU quota, container", GAUGE, LAST, CGROUP),
     # -- one GPU (column gpu<i>_<name>) ----------------------------------------
     Metric("util_percent", "%", "utilisation", RATE, MEAN, DEVICE, chart="gpu_util",
@@ -120,17 +167,35 @@ METRICS: tuple[Metric, ...] = (
     Metric("proc_mem_mb", "MiB", "memory used by the process tree", GAUGE, PEAK, DEVICE),
     # -- all GPUs together -----------------------------------------------------
     Metric("gpu_util_percent", "%", "GPU utilisation (mean over GPUs)", RATE, MEAN, GPU,
-           meter=True, total="mean", of="util_percent"),
+           meter=True, total="mean", of="util_percent", short="GPU", record=(Shown("GPU util mean", 110),)),
     Metric("gpu_mem_used_mb", "MiB", "GPU memory used (all GPUs)", GAUGE, PEAK, GPU,
-           meter=True, total="sum", of="mem_used_mb"),
+           meter=True, total="sum", of="mem_used_mb", short="GPU mem",
+           record=(Shown("GPU memory peak (all GPUs)", 120),)),
     Metric("gpu_proc_mem_mb", "MiB", "GPU memory of the process tree (all GPUs)", GAUGE, PEAK, GPU,
-           total="sum", of="proc_mem_mb"),
-    Metric("gpu_power_w", "W", "GPU power (all GPUs)", GAUGE, MEAN, GPU, total="sum", of="power_w"),
+           total="sum", of="proc_mem_mb", record=(Shown("GPU memory peak (this tree)", 130),)),
+    Metric("gpu_power_w", "W", "GPU power (all GPUs)", GAUGE, MEAN, GPU, total="sum", of="power_w",
+           record=(Shown("GPU power mean", 140),)),
     Metric("gpu_sm_clock_mhz", "MHz", "GPU SM clock (mean over GPUs)", GAUGE, MEAN, GPU,
            total="mean", of="sm_clock_mhz"),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+def recorded() -> list[tuple[Metric, Shown]]:
+    """Every row a record may show, in order."""
+    return sorted(((m, shown) for m in METRICS for shown in m.record), key=lambda pair: pair[1].rank)
+
+
+def headlines() -> tuple[Metric, ...]:
+    """The metrics of a headline, in catalog order: the meter's, by their short names."""
+    return tuple(m for m in METRICS if m.meter and m.short)
+
+
+def figure_key(stat: str, name: str) -> str:
+    """The name of a window's statistic of a metric ('max_proc_pss_mb'), as
+    summaries, history() and the workers' batches name it."""
+    return f"{stat}_{name}"
 _DEVICE_COLUMN = re.compile(r"gpu(\d+)_(.+)")
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import reprlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .catalog import unit_of
+from . import catalog
+from .catalog import DELTA, GAUGE, LAST, MEAN, PEAK, figure_key, unit_of
 from .format import fmt
 from .values import known
 
@@ -98,6 +99,9 @@ class ResourceSummary:
     shmem_growth_mb: float | None = None
     peak_container_mem_mb: float | None = None
     peak_group_mem_mb: float | None = None
+    # Every catalog metric's statistics over the window, by figure_key ('max_proc_pss_mb'), and
+    # for a metric with a peak bracket its kind ('kind_proc_pss_mb') and upper end ('bound_...').
+    figures: dict[str, Any] = field(default_factory=dict)
 
     @property
     def peak_rss_kind(self) -> str:
@@ -116,11 +120,13 @@ class ResourceSummary:
         ``mean_gpu_util`` always (null when unknown), the other optional
         fields only when not None."""
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is None and f.name not in _ALWAYS_WRITTEN:
+        for name in _TYPES:
+            value = getattr(self, name)
+            if value is None and name not in _ALWAYS_WRITTEN:
                 continue
-            out[f.name] = _primitive(f.name, value)
+            out[name] = _primitive(name, value)
+        if self.figures:
+            out["figures"] = dict(self.figures)
         return out
 
     @classmethod
@@ -139,59 +145,40 @@ class ResourceSummary:
         # Optional fields that to_dict() left out are None (the GPU ones have no default).
         values = {k: None for k in _TYPES if k not in _REQUIRED}
         values.update((k, _checked(k, v)) for k, v in data.items() if k in _TYPES)
-        return cls(**values)
+        return cls(**values, figures=_checked_figures(data.get("figures", {})))
 
     # -- for humans ------------------------------------------------------
     def rows(self) -> list[tuple[str, str]]:
-        """(title, text) pairs: every figure through :func:`nbmon.format.fmt`
-        in its catalog column's unit, as the live meter shows it."""
-        mib, pct = unit_of("proc_pss_mb"), unit_of("proc_cpu_percent")
-        rows = [("Duration", fmt(self.duration_sec, "s"))]
-        if self.peak_mem_mb is not None:
-            peak = fmt(self.peak_mem_mb, mib)
-            if self.peak_mem_kind == "sampled" and self.peak_mem_bound_mb is not None \
-                    and self.peak_mem_bound_mb > self.peak_mem_mb + 1.0:
-                peak += f" (at most {fmt(self.peak_mem_bound_mb, mib)})"
-            rows += [(f"Peak memory ({self.peak_mem_kind})", peak)]
-            if self.peak_group_mem_mb is not None:
-                rows.append(("Peak memory (own cgroup: exact, page cache in)", fmt(self.peak_group_mem_mb, mib)))
-            rows += [
-                     ("Memory growth", fmt(self.mem_growth_mb, mib, signed=True)),
-                     ("Mean memory", fmt(self.mean_mem_mb, mib))]
-            if self.peak_rss_mb > max(self.peak_mem_mb * SHARED_SHOWN, self.peak_mem_mb + 16.0):
-                rows.append(("Peak RSS sum (shared pages in each process)", fmt(self.peak_rss_mb, mib)))
-            split = [(name, value) for name, value in (("anon", self.anon_growth_mb),
-                                                       ("page cache", self.file_growth_mb),
-                                                       ("shared memory", self.shmem_growth_mb))
-                     if value is not None]
-            if any(abs(value) >= SPLIT_SHOWN_MB for name, value in split if name != "anon"):
-                rows.append(("RSS growth by kind", " · ".join(f"{name} {fmt(value, mib, signed=True)}"
-                                                              for name, value in split)))
-        else:  # a summary read from calibrax's fields only
+        """(title, text) pairs: the rows the catalog declares (``Metric.record``)
+        of the figures known, every number through :func:`nbmon.format.fmt`
+        in its metric's unit, as the live meter shows it."""
+        mib = unit_of("proc_pss_mb")
+        rows = [(0, "Duration", fmt(self.duration_sec, "s"))]
+        if self.peak_mem_mb is None:  # calibrax's fields only (a summary read back from its file)
             kind = "" if self.peak_rss_exact is None else f" ({self.peak_rss_kind})"
-            rows += [("Peak RSS" + kind, fmt(self.peak_rss_mb, mib)),
-                     ("RSS growth", fmt(self.memory_growth_mb, mib, signed=True)),
-                     ("Mean RSS", fmt(self.mean_rss_mb, mib))]
-        if self.memory_limit_mb is not None:
-            limit = unit_of("cgroup_mem_limit_mb")
-            used = "" if self.peak_container_mem_mb is None else f"{fmt(self.peak_container_mem_mb, limit)} of "
-            rows.append(("Container memory peak / limit" if used else "Memory limit (container)",
-                         f"{used}{fmt(self.memory_limit_mb, limit)}"))
-        if self.oom_kills:
-            rows.append(("OOM kills (container)", fmt(self.oom_kills, unit_of("cgroup_oom_kills"))))
-        if self.mean_cpu_percent is not None:
-            rows.append(("CPU mean / peak", f"{fmt(self.mean_cpu_percent, pct)} / "
-                                            f"{fmt(self.peak_cpu_percent, pct)}"))
-        if self.cpu_time_sec is not None:
-            rows.append(("CPU time", fmt(self.cpu_time_sec, unit_of("proc_cpu_time_s"))))
-        if self.peak_gpu_mem_mb is not None:
-            rows.append(("GPU util mean", fmt(self.mean_gpu_util, unit_of("gpu_util_percent"))))
-            rows.append(("GPU memory peak (all GPUs)", fmt(self.peak_gpu_mem_mb, unit_of("gpu_mem_used_mb"))))
-            rows.append(("GPU memory peak (this tree)", fmt(self.peak_proc_gpu_mem_mb, unit_of("gpu_proc_mem_mb"))))
-        if self.mean_gpu_power_w is not None:
-            rows.append(("GPU power mean", fmt(self.mean_gpu_power_w, unit_of("gpu_power_w"))))
-        rows.append(("Samples", fmt(self.num_samples, "")))
-        return rows
+            rows += [(20, "Peak RSS" + kind, fmt(self.peak_rss_mb, mib)),
+                     (30, "RSS growth", fmt(self.memory_growth_mb, mib, signed=True)),
+                     (40, "Mean RSS", fmt(self.mean_rss_mb, mib))]
+        if self.peak_group_mem_mb is not None:
+            rows.append((25, "Peak memory (own cgroup: exact, page cache in)", fmt(self.peak_group_mem_mb, mib)))
+        figures = self.figures or self._figures_of_fields()
+        for metric, shown in catalog.recorded():
+            row = _row(metric, shown, figures)
+            if row is not None:
+                rows.append((shown.rank, *row))
+        rows.append((10 ** 6, "Samples", fmt(self.num_samples, "")))
+        return [(title, text) for _, title, text in sorted(rows, key=lambda row: row[0])]
+
+    def _figures_of_fields(self) -> dict[str, Any]:
+        """The figures the fields hold, for a summary made from fields alone."""
+        out = {figure_key(stat, name): getattr(self, f)
+               for f, (stat, name) in (*FROM_WINDOW.items(), *COUNTS_FROM_WINDOW.items())}
+        out["kind_proc_pss_mb"], out["bound_proc_pss_mb"] = self.peak_mem_kind, self.peak_mem_bound_mb
+        return out
+
+    def __post_init__(self):
+        if self.figures is None:  # as every other optional field may be given
+            object.__setattr__(self, "figures", {})
 
     def __str__(self) -> str:
         width = max(len(k) for k, _ in self.rows())
@@ -206,14 +193,11 @@ class ResourceSummary:
         return html_table("Resource summary", self.rows())
 
 
-# The RSS sum is shown beside the memory when shared pages make it this much larger.
-SHARED_SHOWN = 1.05
-SPLIT_SHOWN_MB = 8.0   # the growth is split by kind once page cache or shared memory moved this much
 PEAK_KINDS = ("exact", "upper bound", "sampled")
 EXACT_SLACK_MB = 1.0   # an upper end this close to the peak closes the bracket
 _REQUIRED = ("peak_rss_mb", "mean_rss_mb", "memory_growth_mb", "num_samples", "duration_sec")
 _ALWAYS_WRITTEN = _REQUIRED + ("peak_gpu_mem_mb", "mean_gpu_util")
-_TYPES = {f.name: f.type for f in dataclasses.fields(ResourceSummary)}
+_TYPES = {f.name: f.type for f in dataclasses.fields(ResourceSummary) if f.name != "figures"}
 
 
 def _primitive(name: str, value):
@@ -253,40 +237,138 @@ def _checked(name: str, value):
     return float(value)
 
 
-# ResourceSummary field <- (statistic, column) of a store window.
+def _checked_figures(figures) -> dict[str, Any]:
+    if not isinstance(figures, dict) or not all(isinstance(k, str) for k in figures):
+        raise ValueError(f"ResourceSummary.from_dict: figures must be a mapping of names, got {reprlib.repr(figures)}")
+    out = {}
+    for key, value in figures.items():
+        if key.startswith("kind_"):
+            if value is not None and value not in PEAK_KINDS:
+                raise ValueError(f"ResourceSummary.from_dict: figures[{key!r}] must be one of "
+                                 f"{', '.join(map(repr, PEAK_KINDS))}, got {value!r}")
+            out[key] = value
+        elif value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            out[key] = known(value)
+        else:
+            raise ValueError(f"ResourceSummary.from_dict: figures[{key!r}] must be a number, got {value!r}")
+    return out
+
+
+def _row(metric: catalog.Metric, shown: catalog.Shown, figures: dict) -> tuple[str, str] | None:
+    """The row ``shown`` of ``metric`` (see catalog.Shown), None when not shown."""
+    stats = shown.stat if isinstance(shown.stat, tuple) else (shown.stat or metric.summary,)
+    values = [figures.get(figure_key(stat, metric.name)) for stat in stats]
+    unit, value = metric.unit, values[0]
+    if shown.form == "of":
+        other = catalog.BY_NAME[shown.other]
+        beside = figures.get(figure_key(other.summary, other.name))
+        if beside is None:
+            return None
+        if value is None:
+            return shown.alone, fmt(beside, other.unit)
+        return shown.title, f"{fmt(value, unit)} of {fmt(beside, other.unit)}"
+    if shown.form == "split":
+        names = (metric.name, *shown.other)
+        parts = [(catalog.BY_NAME[n].short, figures.get(figure_key(DELTA, n))) for n in names]
+        if not any(v is not None and abs(v) >= catalog.MOVED_MB for _, v in parts[1:]):
+            return None
+        return shown.title, " · ".join(f"{short} {fmt(v, unit, signed=True)}" for short, v in parts if v is not None)
+    if all(v is None for v in values) or (shown.when == "nonzero" and not value):
+        return None
+    if shown.when == "above":
+        other = figures.get(figure_key(PEAK, shown.other))
+        if other is None or value is None or value <= max(other * catalog.ABOVE_SHARE, other + catalog.ABOVE_MB):
+            return None
+    if shown.form == "peak":
+        kind, bound = figures.get("kind_" + metric.name), figures.get("bound_" + metric.name)
+        text = fmt(value, unit)
+        if kind == "sampled" and bound is not None and bound > value + EXACT_SLACK_MB:
+            text += f" (at most {fmt(bound, unit)})"
+        return f"{shown.title} ({kind})", text
+    signed = stats == (DELTA,) and metric.kind == GAUGE  # a level's growth; a counter's count
+    return shown.title, " / ".join(fmt(v, unit, signed=signed) for v in values)
+
+
+# The seed API's fields <- (statistic, metric): calibrax's ResourceSummary as a facade over the figures.
 FROM_WINDOW = {
-    "mean_rss_mb": ("mean", "proc_rss_mb"),
-    "peak_gpu_mem_mb": ("max", "gpu_mem_used_mb"),
-    "mean_gpu_util": ("mean", "gpu_util_percent"),
-    "mean_gpu_clock_mhz": ("mean", "gpu_sm_clock_mhz"),
-    "mean_gpu_power_w": ("mean", "gpu_power_w"),
-    "mean_cpu_percent": ("mean", "proc_cpu_percent"),
-    "peak_cpu_percent": ("max", "proc_cpu_percent"),
-    "peak_proc_gpu_mem_mb": ("max", "gpu_proc_mem_mb"),
-    "cpu_time_sec": ("delta", "proc_cpu_time_s"),
-    "memory_limit_mb": ("last", "cgroup_mem_limit_mb"),
-    "mean_mem_mb": ("mean", "proc_pss_mb"),
-    "mem_growth_mb": ("delta", "proc_pss_mb"),
-    "anon_growth_mb": ("delta", "proc_rss_anon_mb"),
-    "file_growth_mb": ("delta", "proc_rss_file_mb"),
-    "shmem_growth_mb": ("delta", "proc_rss_shmem_mb"),
-    "peak_container_mem_mb": ("max", "cgroup_mem_used_mb"),
+    "peak_rss_mb": (PEAK, "proc_rss_mb"),
+    "memory_growth_mb": (DELTA, "proc_rss_mb"),
+    "mean_rss_mb": (MEAN, "proc_rss_mb"),
+    "peak_gpu_mem_mb": (PEAK, "gpu_mem_used_mb"),
+    "mean_gpu_util": (MEAN, "gpu_util_percent"),
+    "mean_gpu_clock_mhz": (MEAN, "gpu_sm_clock_mhz"),
+    "mean_gpu_power_w": (MEAN, "gpu_power_w"),
+    "mean_cpu_percent": (MEAN, "proc_cpu_percent"),
+    "peak_cpu_percent": (PEAK, "proc_cpu_percent"),
+    "peak_proc_gpu_mem_mb": (PEAK, "gpu_proc_mem_mb"),
+    "cpu_time_sec": (DELTA, "proc_cpu_time_s"),
+    "memory_limit_mb": (LAST, "cgroup_mem_limit_mb"),
+    "peak_mem_mb": (PEAK, "proc_pss_mb"),
+    "mean_mem_mb": (MEAN, "proc_pss_mb"),
+    "mem_growth_mb": (DELTA, "proc_pss_mb"),
+    "anon_growth_mb": (DELTA, "proc_rss_anon_mb"),
+    "file_growth_mb": (DELTA, "proc_rss_file_mb"),
+    "shmem_growth_mb": (DELTA, "proc_rss_shmem_mb"),
+    "peak_container_mem_mb": (PEAK, "cgroup_mem_used_mb"),
 }
 # Counts: whole numbers.
 COUNTS_FROM_WINDOW = {
-    "max_processes": ("max", "proc_count"),
-    "oom_kills": ("delta", "cgroup_oom_kills"),
+    "max_processes": (PEAK, "proc_count"),
+    "oom_kills": (DELTA, "cgroup_oom_kills"),
 }
 
 
-def peak_of(stats) -> tuple[float | None, str | None, float | None]:
-    """(peak, kind, at most) of a window's tree memory: see ResourceSummary."""
-    peak = known(stats.value("max", "proc_pss_peak_mb"))
+def _wanted() -> dict[str, set[str]]:
+    """metric name -> the statistics a window's figures hold of it: its own
+    summary statistic, those its record rows show, those the facade reads."""
+    wanted: dict[str, set[str]] = {m.name: {m.summary} for m in catalog.METRICS if m.source != catalog.DEVICE}
+    for metric, shown in catalog.recorded():
+        wanted[metric.name].update(shown.stat if isinstance(shown.stat, tuple) else (shown.stat or metric.summary,))
+    for stat, name in (*FROM_WINDOW.values(), *COUNTS_FROM_WINDOW.values()):
+        wanted[name].add(stat)
+    return wanted
+
+
+def figures_of(stats) -> dict[str, Any]:
+    """Every catalog metric's statistics over a store window (those it has)."""
+    out: dict[str, Any] = {}
+    for name, wanted in _wanted().items():  # the catalog as it is now: a metric added at run time too
+        if name not in stats.columns:
+            continue
+        metric = catalog.BY_NAME[name]
+        for stat in wanted:
+            column = metric.peak if stat == PEAK and metric.peak in stats.columns else name
+            value = known(stats.value(stat, column))
+            if value is None and column != name:  # no peak column reading: the samples' own highest
+                value = known(stats.value(stat, name))
+            out[figure_key(stat, name)] = value
+        if metric.bound is not None:
+            _, out["kind_" + name], out["bound_" + name] = peak_of(stats, metric)
+    cpu_s, duration = out.get(figure_key(DELTA, "proc_cpu_time_s")), stats.duration
+    if cpu_s is not None and duration > 0:
+        # Exact, from the CPU clocks; the mean of the % column would miss the
+        # CPU of processes found late (counted in the time, not in any %).
+        out[figure_key(MEAN, "proc_cpu_percent")] = cpu_s / duration * 100.0
+    mean = out.get(figure_key(MEAN, "proc_cpu_percent"))
+    if mean is not None:
+        # A span shorter than an interval has a mean from the clocks but no
+        # whole interval's rate: its busiest moment was at least its mean.
+        key = figure_key(PEAK, "proc_cpu_percent")
+        out[key] = max(out.get(key) or 0.0, mean)
+    return out
+
+
+def peak_of(stats, metric: catalog.Metric | None = None) -> tuple[float | None, str | None, float | None]:
+    """(peak, kind, at most) of a window's ``metric`` (default: the tree's
+    memory), whose intervals' peaks and upper ends are in its ``peak`` and
+    ``bound`` columns: see ResourceSummary."""
+    metric = metric or catalog.BY_NAME["proc_pss_mb"]
+    peak = known(stats.value("max", metric.peak))
     if peak is None:  # no high-water marks (or a window of other columns)
-        sampled = "proc_pss_mb" in stats.columns or "proc_rss_mb" in stats.columns
-        return known(stats.value("max", "proc_pss_mb")), ("sampled" if sampled else None), None
-    bound_col = stats.columns.index("proc_pss_peak_bound_mb")
-    bound = known(stats.value("max", "proc_pss_peak_bound_mb")) if stats.n[bound_col] == stats.count else None
+        sampled = metric.name in stats.columns or "proc_rss_mb" in stats.columns
+        return known(stats.value("max", metric.name)), ("sampled" if sampled else None), None
+    bound_col = stats.columns.index(metric.bound)
+    bound = known(stats.value("max", metric.bound)) if stats.n[bound_col] == stats.count else None
     # The highest peak is the span's when no interval could have been higher.
     if bound is None or bound > peak + EXACT_SLACK_MB:
         return peak, "sampled", bound
@@ -297,32 +379,28 @@ def summarize(stats) -> ResourceSummary:
     """ResourceSummary of a store window's :class:`~nbmon.store.Stats`."""
     if stats.count == 0:
         return ResourceSummary.zeroed()
-    figures = {field: known(stats.value(stat, column)) for field, (stat, column) in FROM_WINDOW.items()}
-    counts = {field: known(stats.value(stat, column)) for field, (stat, column) in COUNTS_FROM_WINDOW.items()}
-    rss_peak = known(stats.value("max", "proc_rss_peak_mb"))
-    if rss_peak is None:
-        rss_peak = known(stats.value("max", "proc_rss_mb"))
-    peak_mem, kind, bound = peak_of(stats)
-    growth = stats.value("delta", "proc_rss_mb")
-    duration = stats.duration
-    if figures["cpu_time_sec"] is not None and duration > 0:
-        # Exact, from the CPU clocks; the mean of the % column would miss the
-        # CPU of processes found late (counted in the time, not in any %).
-        figures["mean_cpu_percent"] = figures["cpu_time_sec"] / duration * 100.0
-    if figures["mean_cpu_percent"] is not None:
-        # A span shorter than an interval has a mean from the clocks but no
-        # whole interval's rate: its busiest moment was at least its mean.
-        figures["peak_cpu_percent"] = max(figures["peak_cpu_percent"] or 0.0, figures["mean_cpu_percent"])
+    figures = figures_of(stats)
+    fields = {f: figures.get(figure_key(stat, name)) for f, (stat, name) in FROM_WINDOW.items()}
+    counts = {f: figures.get(figure_key(stat, name)) for f, (stat, name) in COUNTS_FROM_WINDOW.items()}
+    kind = figures.get("kind_proc_pss_mb")
+    if kind is None and "proc_rss_mb" in stats.columns:
+        kind = "sampled"
     start = stats.wall_first - (stats.t_first - stats.t_open) if stats.t_open == stats.t_open else stats.wall_first
+    required = {f: fields[f] or 0.0 for f in ("peak_rss_mb", "memory_growth_mb", "mean_rss_mb")}
     return ResourceSummary(
-        peak_rss_mb=rss_peak or 0.0,
-        memory_growth_mb=known(growth) or 0.0,
         num_samples=int(stats.count),
-        duration_sec=float(duration),
+        duration_sec=float(stats.duration),
         peak_rss_exact=kind in ("exact", "upper bound") if kind is not None else None,
-        peak_mem_mb=peak_mem, peak_mem_kind=kind, peak_mem_bound_mb=bound,
+        peak_mem_kind=kind, peak_mem_bound_mb=figures.get("bound_proc_pss_mb"),
         start_time=known(start),
         end_time=known(stats.wall_last),
-        **{**figures, "mean_rss_mb": figures["mean_rss_mb"] or 0.0},
-        **{field: None if value is None else int(value) for field, value in counts.items()},
+        figures=figures,
+        **{**fields, **required},
+        **{f: None if value is None else int(value) for f, value in counts.items()},
     )
+
+
+def headline(values: dict) -> str:
+    """A sample's headline figures (``catalog.headlines()``, those it has):
+    'CPU 3.1 % · Memory 120 MiB', and the GPU's where there is one."""
+    return " · ".join(f"{m.short} {fmt(values.get(m.name), m.unit)}" for m in catalog.headlines() if m.name in values)

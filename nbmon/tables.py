@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .summary import ResourceSummary
+from . import catalog
+from .summary import COUNTS_FROM_WINDOW, FROM_WINDOW, ResourceSummary
 
 
 def samples_frame(store):
@@ -25,17 +26,35 @@ def samples_frame(store):
 HISTORY_COLUMNS = ("execution_count", "label", "start_time", "duration_sec", "status")
 
 
+def recorded_figures() -> list[str]:
+    """The figures a record shows that no ResourceSummary field holds (a
+    metric added to the catalog with a row of its own): history() has a
+    column for each, named by :func:`nbmon.catalog.figure_key`."""
+    held = {catalog.figure_key(stat, name) for stat, name in (*FROM_WINDOW.values(), *COUNTS_FROM_WINDOW.values())}
+    keys = []
+    for metric, shown in catalog.recorded():
+        for stat in shown.stat if isinstance(shown.stat, tuple) else (shown.stat or metric.summary,):
+            key = catalog.figure_key(stat, metric.name)
+            if key not in held and key not in keys:
+                keys.append(key)
+    return keys
+
+
 def history_frame(records):
     """One row per monitored cell: ``records`` are dicts with HISTORY_COLUMNS
-    and a ``summary`` (ResourceSummary); start_time becomes a UTC timestamp."""
+    and a ``summary`` (ResourceSummary); start_time becomes a UTC timestamp.
+    Columns: HISTORY_COLUMNS, the summary's fields, then the recorded
+    figures no field holds (:func:`recorded_figures`)."""
     import pandas as pd
 
     fields = [f.name for f in dataclasses.fields(ResourceSummary)
-              if f.name not in ("duration_sec", "start_time", "end_time")]
+              if f.name not in ("duration_sec", "start_time", "end_time", "figures")]
+    extra = recorded_figures()
     rows = []
     for r in records:
         s = r["summary"]
-        rows.append({**{c: r[c] for c in HISTORY_COLUMNS}, **{f: getattr(s, f) for f in fields}})
-    frame = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS) + fields)
+        rows.append({**{c: r[c] for c in HISTORY_COLUMNS}, **{f: getattr(s, f) for f in fields},
+                     **{k: s.figures.get(k) for k in extra}})
+    frame = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS) + fields + extra)
     frame["start_time"] = pd.to_datetime(frame["start_time"], unit="s", utc=True)
     return frame

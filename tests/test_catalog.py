@@ -137,3 +137,65 @@ def test_a_metric_added_to_the_catalog_reaches_samples_csv_and_chart(fake_gpu, m
 def test_metric_is_a_frozen_record():
     with pytest.raises(dataclasses.FrozenInstanceError):
         catalog.METRICS[0].name = "x"
+
+
+def test_a_tree_metric_added_at_run_time_reaches_every_consumer(monkeypatch, tmp_path):
+    """The newcomer's other change (issue 19): one catalog entry saying how a
+    record shows it, and one value from its source -- here the tree's open
+    files. It is in samples(), the CSV and JSON Lines files, a span's
+    summary and a cell's record, history(), and a Dask worker's batches."""
+    import json
+    import os
+
+    from distributed import Client, LocalCluster
+
+    import nbmon.dask
+    from nbmon.notebook.session import Session, cell_record
+    from nbmon.senders import JSONLinesSender
+    from nbmon.tables import history_frame, samples_frame
+
+    added = catalog.Metric("proc_open_files", "", "open files, process tree", catalog.GAUGE, catalog.PEAK,
+                           catalog.TREE, record=(catalog.Shown("Open files, most", 85),))
+    monkeypatch.setattr(catalog, "METRICS", catalog.METRICS + (added,))
+    monkeypatch.setitem(catalog.BY_NAME, added.name, added)
+    sample = ProcessTree.sample
+
+    def with_open_files(self, now):  # the source's one new value
+        return {**sample(self, now), "proc_open_files": float(sum(len(os.listdir(f"/proc/{p}/fd"))
+                                                                  for p in self.pids))}
+    monkeypatch.setattr(ProcessTree, "sample", with_open_files)
+
+    csv_path, jsonl_path = tmp_path / "s.csv", tmp_path / "s.jsonl"
+    session = Session()
+    session.monitor = Monitor(interval=0.02, gpu=False, system=False,
+                              consumers=[CSVSender(csv_path), JSONLinesSender(jsonl_path)]).start()
+    try:
+        with session.cell(label="opens") as record:
+            files = [open(os.devnull) for _ in range(40)]
+            wait_until(lambda: session.monitor.store.seq >= 5, what="samples")
+            for f in files:
+                f.close()
+    finally:
+        session.stop()
+    summary = record["summary"]
+    frame = samples_frame(session.monitor.store)
+    assert (frame["proc_open_files"].iloc[1:] > 0).all()
+    with open(csv_path, newline="") as f:
+        assert float(list(csv.DictReader(f))[-1]["proc_open_files"]) > 0
+    assert json.loads(open(jsonl_path).readline())["proc_open_files"] > 0
+    most = summary.figures["max_proc_open_files"]
+    assert most >= 40
+    assert dict(summary.rows())["Open files, most"] == str(int(most))
+    assert "Open files, most" in cell_record(record, session.monitor).html
+    assert history_frame(session.records)["max_proc_open_files"].iloc[-1] == most
+
+    # A worker in this process (its plugin imports the catalog patched here) sends it in its batches.
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
+        watched = nbmon.dask.watch(client, interval=0.05, gpu=False, system=False)
+        try:
+            feed = wait_until(lambda: next(iter(watched.collector.feeds.values()), None), what="a worker's feed")
+            wait_until(lambda: feed.store.seq >= 2, what="two batches")
+            assert "max_proc_open_files" in feed.store.columns
+            assert feed.store.latest()["max_proc_open_files"] > 0
+        finally:
+            nbmon.dask.unwatch()

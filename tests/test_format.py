@@ -123,7 +123,6 @@ def test_summary_rows_use_the_rules():
         "CPU mean / peak": "100 % / 250 %",
         "GPU util mean": "87.3 %",
         "GPU memory peak (all GPUs)": "40.0 GiB",
-        "GPU memory peak (this tree)": MISSING,
         "GPU power mean": "250 W",
         "Samples": "1000",
     }

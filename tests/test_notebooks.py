@@ -164,6 +164,6 @@ def test_gpu_notebook_runs_and_says_what_it_did(tmp_path_factory):
     assert "torch matmul" in summary and 'data-status="ok"' in summary
     assert percent(row(rows, "GPU util mean")) > 0, rows
     # the device's memory: per-process figures may be hidden inside a container
-    assert mib(row(rows, "GPU memory peak (device)")) > 0, rows
+    assert mib(row(rows, "GPU memory peak (all GPUs)")) > 0, rows
     (table,) = html_outputs(cell(nb, "if RUN_GPU:"))
     assert "peak_gpu_mem_mb" in table and "mean_gpu_util" in table

@@ -134,7 +134,11 @@ def expected_summary(t, walls, rows, t_open) -> ResourceSummary:
 
 
 def assert_same_summary(got: ResourceSummary, want: ResourceSummary) -> None:
+    # The figures behind the fields (the catalog's statistics) show the same record.
+    assert got.rows() == want.rows()
     for name in ResourceSummary.__dataclass_fields__:
+        if name == "figures":
+            continue
         a, b = getattr(got, name), getattr(want, name)
         if isinstance(b, float) and b is not None:
             assert a == pytest.approx(b, rel=1e-9, abs=1e-9), name
