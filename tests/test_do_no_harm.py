@@ -284,3 +284,27 @@ def test_no_board_is_left_behind(tmp_path, end):
             print(json.dumps({}))
         """, env=env)
     assert os.listdir(boards) == []
+
+
+def test_children_that_die_while_being_read_leave_no_descriptor():
+    """A shell starting short-lived processes as fast as it can, sampled
+    every 5 ms: children found and gone between the open of their files and
+    the read (before, such a child's fds stayed open for good)."""
+    from helpers import fd_count
+    from nbmon.engine import Monitor
+
+    churn = subprocess.Popen(["sh", "-c", "while :; do /bin/true & /bin/true & wait; done"])
+    before = fd_count()
+    try:
+        mon = Monitor(churn.pid, interval=0.005, gpu=False, system=False).start()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        gone = mon.sources.tree.gone
+        assert mon.stop(timeout=10)
+    finally:
+        churn.kill()
+        churn.wait()
+    assert gone > 50, gone                       # many came and went under the sampler
+    assert fd_count() == before                  # and not one descriptor stayed
+    assert mon.faults == {}, mon.faults

@@ -822,16 +822,19 @@ class _ProcBackend:
             for pid in pids:
                 if pid in known or pid in EXCLUDED:
                     continue
+                child = None
                 try:
                     child = self._new(pid, None if parent is None else parent.pid)
                     child.read_clock()
                     status = child.read_status()
-                except OSError as err:  # exited between the listing and the open
+                    self._join(child, parent, status, interval, boot_s)
+                except OSError as err:  # exited between the listing and a read
+                    if child is not None:
+                        child.close()
                     if err.errno not in GONE:
                         self.errors.append(f"pid {pid}: {err.strerror or err}")
                         interval.missed = True
                     continue
-                self._join(child, parent, status, interval, boot_s)
                 known[pid] = child
                 found.append(child)
                 queue.append(child)
