@@ -136,7 +136,8 @@ READ = "() => {" + COLORS + r"""
       const px = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
       let drawn = 0;
       for (let i = 0; i < px.length; i += 4) if (px[i + 3] === 255 && Math.max(px[i], px[i + 1], px[i + 2]) - Math.min(px[i], px[i + 1], px[i + 2]) > 60) drawn++;
-      return { width: img.getBoundingClientRect().width, drawn };
+      // its size as laid out, or as set (Notebook 7 lays out cells out of view lazily)
+      return { width: img.getBoundingClientRect().width || +img.getAttribute("width"), drawn };
     });
   const frames = [...document.querySelectorAll("table")].filter((t) => t.textContent.includes("work")
     && !tables.includes(t)).map((t) => output(t).textContent);

@@ -57,6 +57,7 @@ DEFAULT_REFRESH_HZ = 2.0   # frames a second at most: ~2 KiB/s of websocket traf
 RECORD_EVERY_S = 30.0      # the static record is re-sent this often, and after a cell's end...
 RECORD_MIN_S = 2.0         # ...but not more often than this (1,000 quick cells: not 1,000 records)
 MAX_CELLS = 2000           # cell bands held: those the window can show, at most this many
+TIMELINE_SAMPLES = 3       # a record's picture needs two samples after its window's opening one
 MARGIN_PX = 110            # title, legend and x axis around the rows
 LOADER = (pathlib.Path(__file__).parent / "static" / "dashboard.js").read_text(encoding="utf-8")
 _EMPTY = np.empty(0, dtype=np.float32)
@@ -384,6 +385,7 @@ class Dashboard:
         self._record_due = False    # a cell ended since the record was last sent
         self._shown: Record | None = None   # the record last displayed
         self._shown_empty = False   # the record displayed had no sample yet
+        self._shown_bare = False    # ... or no timeline yet (fewer than two samples in its window)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if build:
@@ -513,9 +515,12 @@ class Dashboard:
             self.errors += 1
             self.last_error = f"{type(err).__name__}: {err}"
 
-    def _sampled(self) -> bool:
+    def _samples(self) -> int:
         store = self.monitor.store
-        return store is not None and len(store) > 0
+        return 0 if store is None else store.seq
+
+    def _sampled(self) -> bool:
+        return self._samples() > 0
 
     def _run(self, stop: threading.Event) -> None:
         if self.widget is None:
@@ -541,7 +546,8 @@ class Dashboard:
             self._counted(self.refresh)
             since = began - self._recorded
             if since >= RECORD_EVERY_S or (self._record_due and since >= RECORD_MIN_S) \
-                    or (self._shown_empty and self._sampled()):
+                    or (self._shown_empty and self._sampled()) \
+                    or (self._shown_bare and self._samples() >= TIMELINE_SAMPLES):
                 self._counted(self.update_record)
             if seen_running and not running:
                 # A sample taken just as the monitor stopped can land after the
@@ -571,6 +577,9 @@ class Dashboard:
     def _record(self) -> Record:
         self._shown = record(self.monitor, "" if self.frozen else self.live_id,
                              "stopped" if self.frozen else "")
+        # Too few samples for a picture: re-sent once there are enough, so that
+        # a notebook saved soon after %resmon has one.
+        self._shown_bare = self._shown.timeline is None and self._samples() < TIMELINE_SAMPLES
         return self._shown
 
     def picture(self):
