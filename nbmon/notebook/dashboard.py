@@ -342,7 +342,8 @@ class Dashboard:
     built: with ``build=False`` the refresher thread builds it, so a caller
     can display the record at once). ``cells`` is a list the caller fills
     with cell executions ({id, n, label, t0, t1}, times on the monitor's
-    clock, t1 None while running) to draw as bands. The refresher thread
+    clock, t1 None while running) to draw as bands; those that ended before
+    the window are not sent (:func:`keep_cells` drops them). The refresher thread
     starts at once (``start=False`` to drive :meth:`refresh` by hand) and
     ends by itself, after a last refresh, once a monitor it saw running
     stops. Failed refreshes are counted in ``errors`` (the last in

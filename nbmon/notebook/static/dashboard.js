@@ -166,7 +166,7 @@ const CSS = `
   display: none;
 }
 .nbmon-live-view { width: 100%; min-width: 0; contain: content; }  /* a redraw lays out the chart, not the page */
-.nbmon-live-record.nbmon-live-stale > .nbmon-live-view { opacity: 0.45; }
+.nbmon-live-record.nbmon-live-stale > .nbmon-live-view { filter: grayscale(1); opacity: 0.75; }  /* texts still read */
 .nbmon-live-note {
   font: 12px var(--jp-ui-font-family, system-ui, sans-serif);
   color: var(--jp-ui-font-color1, #222);
