@@ -17,24 +17,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
-import json
 import math
 import os
 import resource
 import shutil
 import signal
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
+from contextlib import contextmanager
 
-from . import files, postmortem, ranks
+from . import options as opts, postmortem, ranks, senders
 from .engine import Monitor
 from .format import printable
-from .options import DEFAULT_INTERVAL_S, Options, check_interval
-from .senders import CSVSender, JSONLinesSender
+from .options import Options, check_interval
+from .senders import SINKS, Ended, check_outputs, open_stream
 from .sources.cgroup import OwnGroup
 from .sources.proctree import EXCLUDED, all_thread_child_pids
 from .values import known
@@ -42,34 +40,26 @@ from .summary import ResourceSummary
 
 VERBS = ("run", "demo", "report", "postmortem")
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
-# Files written while the command runs: --flag -> the sender streaming every sample there.
-STREAMS = {
-    "csv": (CSVSender, "stream every sample to this CSV file as it is taken"),
-    "jsonl": (JSONLinesSender, "stream every sample to this JSON Lines file"),
-}
-
-
-def _write_summary_json(path, monitor, summary, argv, force) -> None:
-    # Not replaced without --force: a file that appeared while the command ran is not ours.
-    files.write_text(path, json.dumps(summary.to_dict(), indent=2) + "\n", overwrite=force)
-
-
-def _write_html(path, monitor, summary, argv, force) -> None:
-    from .notebook.dashboard import write_html
-
-    write_html(monitor, path, title=" ".join(argv), overwrite=force)
-
-
-# Files written once the command has ended: --flag -> (writer, help).
-REPORTS = {
-    "summary_json": (_write_summary_json, "write ResourceSummary.to_dict() here"),
-    "html": (_write_html, "write a self-contained, offline HTML timeline here"),
-}
-OUTPUTS = (*STREAMS, *REPORTS)
+REPLACE_HINT = "add --force to replace it"
 
 
 class UsageError(Exception):
     pass
+
+
+@contextmanager
+def _refused():
+    """A refusal of nbmon's own checks (ValueError, one sentence) as a usage error."""
+    try:
+        yield
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _page(monitor, path, *, title: str, overwrite: bool) -> None:
+    from .notebook.dashboard import write_html
+
+    write_html(monitor, path, title=title, overwrite=overwrite)
 
 
 def _say(text: str, file=None) -> None:
@@ -83,24 +73,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="nbmon", description="CPU, memory and GPU of a command's whole process tree.")
     sub = p.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run CMD under the monitor", usage="nbmon run [options] -- CMD [ARGS...]")
-    run.add_argument("--interval", default=str(DEFAULT_INTERVAL_S), metavar="S",
-                     help=f"seconds between samples (default {DEFAULT_INTERVAL_S:g})")
-    for name, (_, text) in {**STREAMS, **REPORTS}.items():
-        run.add_argument(_flag(name), metavar="PATH", help=text)
-    run.add_argument("--force", action="store_true", help="replace output files that already exist")
-    run.add_argument("--no-gpu", action="store_true", help="do not read GPUs")
-    run.add_argument("--no-children", action="store_true", help="only the command's own process")
-    run.add_argument("--exact-peaks", action="store_true",
-                     help="reset the watched processes' high-water marks so that every peak between samples is "
-                          "exact; this changes what other tools read about them (VmHWM, ru_maxrss, time -v)")
+    for args, kwargs in (*opts.arguments(opts.CLI), *senders.arguments(opts.CLI)):
+        run.add_argument(*args, **kwargs)
     run.add_argument("--quiet", action="store_true", help="do not print the summary")
     run.add_argument("--cgroup", action="store_true",
                      help="run the command in a memory cgroup of its own, for the tree's exact peak (page "
@@ -123,69 +101,22 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("postmortem", help="the kernels of yours that died while nbmon watched them, newest first",
                    usage="nbmon postmortem")
     demo = sub.add_parser("demo", help="run a short built-in workload under the monitor")
-    demo.add_argument("--interval", default=str(DEFAULT_INTERVAL_S), metavar="S")
-    demo.add_argument("--html", metavar="PATH")
-    demo.add_argument("--force", action="store_true")
+    for args, kwargs in opts.arguments(opts.CLI):
+        demo.add_argument(*args, **kwargs)
+    demo.add_argument("--html", metavar="PATH", help=SINKS["html"].help)
+    demo.add_argument("--force", action="store_true", help="replace the page if it exists")
     return p
-
-
-def _check_output(path: str | None, force: bool) -> None:
-    """Refuse, before anything runs, an output that cannot be written. An
-    existing name is never opened (a link planted there may point anywhere,
-    at a FIFO even): --force replaces the name (nbmon.files), so what counts
-    is that a new file can be made beside it and the name removed."""
-    if path is None:
-        return
-    if os.path.isdir(path) and not os.path.islink(path):
-        raise UsageError(f"output path {path!r} is a directory")
-    existed = os.path.lexists(path)
-    if existed and not force:
-        raise UsageError(f"output file {path!r} already exists (add --force to replace it)")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise UsageError(f"cannot write {path!r}: directory {parent!r} does not exist")
-    if existed and not _may_remove(path, parent):
-        raise UsageError(f"cannot replace {path!r}: it belongs to another user, in a directory where "
-                         f"only a file's owner may remove it")
-    # os.access() says yes to root even for /proc or a read-only mount, and the
-    # summary is only written after the command ran: try for real, leave nothing behind.
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".nbmon-", dir=parent)
-    except OSError as err:
-        raise UsageError(f"cannot write {path!r}: {err.strerror}") from None
-    os.close(fd)
-    os.unlink(probe)
-
-
-def _may_remove(path: str, parent: str) -> bool:
-    """Whether this process may unlink ``path``: in a sticky directory (/tmp)
-    only the file's or the directory's owner may (or root)."""
-    st, dir_st = os.lstat(path), os.stat(parent)
-    euid = os.geteuid()
-    return not dir_st.st_mode & stat.S_ISVTX or euid in (0, st.st_uid, dir_st.st_uid)
-
-
-def _open_sender(cls, path: str | None, force: bool):
-    if path is None:
-        return None
-    try:
-        return cls(path, overwrite=force)
-    except OSError as err:
-        raise UsageError(f"cannot write {path!r}: {err.strerror or err}") from None
 
 
 def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None, *,
         force: bool = False, quiet: bool = False, tags: dict | None = None,
         wait_descendants: bool = False, own_cgroup: bool = False) -> int:
-    """Run ``argv`` under a monitor; ``outputs`` maps names of STREAMS and
-    REPORTS to paths; ``tags`` are added to every streamed sample (a rank's).
-    Returns the exit code nbmon exits with."""
+    """Run ``argv`` under a monitor; ``outputs`` maps names of sinks
+    (nbmon.senders.SINKS) to paths; ``tags`` are added to every streamed
+    sample (a rank's). Returns the exit code nbmon exits with."""
     outputs = {k: v for k, v in (outputs or {}).items() if v is not None}
-    paths = [os.path.abspath(p) for p in outputs.values()]
-    if len(set(paths)) < len(paths):  # two writers would interleave in one file
-        raise UsageError(f"each output needs its own file: {', '.join(map(repr, outputs.values()))}")
-    for path in outputs.values():
-        _check_output(path, force)
+    with _refused():
+        check_outputs(outputs, force, REPLACE_HINT)
     if not argv:
         raise UsageError("missing command: nbmon run [options] -- CMD [ARGS...]")
     # A path that exists but cannot run is 126 (Popen says why), as in a shell, not "not found".
@@ -196,7 +127,7 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
     if os.sep in argv[0] and (os.path.isdir(argv[0]) or not os.access(argv[0], os.X_OK)):
         _say(f"nbmon: cannot run {argv[0]}: {os.strerror(errno.EACCES)}")
         return 126
-    streams = {name: path for name, path in outputs.items() if name in STREAMS}
+    streams = {name: path for name, path in outputs.items() if SINKS[name].open is not None}
     created = [p for p in streams.values() if not os.path.lexists(p)]
     adopted = _become_subreaper()
     # A child's ru_maxrss starts at its parent's peak (the image it forked
@@ -208,7 +139,8 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
         _say(f"nbmon: --cgroup: {OwnGroup.why}; the peak is read from the processes' high-water marks")
     try:
         for name, path in streams.items():
-            senders.append(_open_sender(STREAMS[name][0], path, force))
+            with _refused():
+                senders.append(open_stream(name, path, force))
         child = subprocess.Popen(argv, preexec_fn=group.enter if group else None)
     except (OSError, UsageError) as err:  # an output, or the command: not a binary, ...
         for sender in senders:
@@ -248,11 +180,13 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
         left_group = group.close()
         if left_group:
             _say(f"nbmon: {left_group}")
+    ended = Ended(summary, monitor, " ".join(argv), page=_page)
     for name, path in outputs.items():
-        if name not in REPORTS:
+        if SINKS[name].write is None:
             continue
         try:
-            REPORTS[name][0](path, monitor, summary, argv, force)
+            # Not replaced without --force: a file that appeared while the command ran is not ours.
+            SINKS[name].write(path, ended, force)
         except FileExistsError:
             _say(f"nbmon: error: {path} appeared while the command ran; not replaced (add --force to replace it)")
         except OSError as err:  # the disk filled, the directory went
@@ -379,18 +313,14 @@ def main(argv: list[str] | None = None) -> int:
             return _postmortem()
         if ns.verb == "report":
             return _report(ns)
-        interval = _interval(ns.interval)
+        with _refused():
+            options = Options.from_arguments(ns)
         if ns.verb == "demo":
-            return run([sys.executable, "-m", "nbmon.demo"], Options(interval=interval),
-                       {"html": ns.html}, force=ns.force)
+            return run([sys.executable, "-m", "nbmon.demo"], options, {"html": ns.html}, force=ns.force)
         command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-        options = Options(interval=interval, gpu=not ns.no_gpu, children=not ns.no_children,
-                          exact_peaks=ns.exact_peaks)
-        outputs = {name: getattr(ns, name) for name in OUTPUTS}
-        try:
+        outputs = senders.outputs_given(ns, opts.CLI)
+        with _refused():
             tags = ranks.run_tags(ns.rank_dir, ns.rank, outputs)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
         return run(command, options, outputs, force=ns.force, quiet=ns.quiet, tags=tags,
                    wait_descendants=ns.wait_descendants, own_cgroup=ns.cgroup)
     except UsageError as err:
@@ -418,7 +348,8 @@ def _postmortem() -> int:
 
 def _report(ns) -> int:
     """``nbmon report``: the ranks' table on stdout, and the page with --html."""
-    _check_output(ns.html, ns.force)
+    with _refused():
+        check_outputs({"html": ns.html} if ns.html else {}, ns.force, REPLACE_HINT)
     try:
         period_s = None if ns.period is None else check_interval(ns.period, "--period")
         frame = ranks.read_ranks(ns.ranks, period_s=period_s)
@@ -434,15 +365,6 @@ def _report(ns) -> int:
             raise UsageError(f"cannot write {ns.html!r}: {err.strerror or err}") from None
         _say(f"nbmon: wrote {ns.html}", sys.stdout)
     return 0
-
-
-def _interval(text: str) -> float:
-    try:
-        return check_interval(text, "--interval")
-    except ValueError as err:
-        # Name the value as typed: "1e-400" or "-1" would otherwise read as 0.0 or -1.0.
-        reason = str(err).rsplit(", got ", 1)[0]
-        raise UsageError(f"{reason}, got {text!r}") from None
 
 
 if __name__ == "__main__":

@@ -2,16 +2,24 @@
 the CLI and the seed APIs and carried unchanged down to either sampling
 backend (the helper process gets it as JSON).
 
+Each option is declared once, as a field of :class:`Options`: its type, its
+default, its check, and how the front ends offer it (:class:`Flag`: the
+flag, its help, ``nbmon run`` and/or ``%resmon``). The CLI's argparse
+arguments and the magic's ``magic_arguments`` come from there
+(:func:`arguments`, :meth:`Options.from_arguments`).
+
 Every check raises ValueError with one sentence that names the bad value as
-it was given.
+it was given, ending in ", got <value>".
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 DEFAULT_INTERVAL_S = 0.1
 MIN_INTERVAL_S = 0.001       # below this the sampler would only spin
@@ -19,6 +27,12 @@ MAX_INTERVAL_S = 86400.0
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 BACKENDS = ("thread", "process")
 DEFAULT_MEMORY_WARNING_PERCENT = 90.0
+SLOW_EVERY_S = 1.0           # seconds between reads of the slow figures (disk, network, load, cgroup)
+DEFAULT_WINDOW_S = 600.0     # seconds a live view shows
+
+# The front ends that offer options as flags.
+CLI, MAGIC = "nbmon run", "%resmon"
+FRONT_ENDS = (CLI, MAGIC)
 
 
 def check_interval(value, name: str = "interval") -> float:
@@ -55,6 +69,60 @@ def check_pid(pid) -> int:
     return pid
 
 
+def check_bool(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_backend(value, name: str) -> str:
+    if value not in BACKENDS:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, BACKENDS))}, got {value!r}")
+    return value
+
+
+def check_bytes(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive whole number of bytes, got {value!r}")
+    return value
+
+
+def check_warning_percent(value, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 100:  # NaN fails too
+        raise ValueError(f"{name} must be a percentage between 0 and 100 (None: no warning), got {value!r}")
+    return float(value)
+
+
+def _percent_text(text: str) -> float | None:
+    """A flag's percentage: a number, or "off" for no warning."""
+    return None if text.strip().lower() == "off" else float(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """How the front ends offer one option. ``flag`` is "--interval"; for a
+    True-or-False option, the switch that turns it away from its default
+    ("--no-gpu", "--exact-peaks"). An option that takes a value has a
+    ``metavar`` and turns the text given into the value with ``parse``
+    (default: the check gets the text). ``offered``: the front ends
+    (``CLI``, ``MAGIC``) that have it."""
+
+    flag: str
+    help: str
+    metavar: str | None = None
+    parse: Callable[[str], object] | None = None
+    offered: tuple[str, ...] = FRONT_ENDS
+
+
+def option(default, check: Callable, flag: Flag | None = None):
+    """An :class:`Options` field: its default, its check (``check(value,
+    name)`` returns the value, or raises ValueError naming it) and how the
+    front ends offer it (None: from Python only)."""
+    return dataclasses.field(default=default, metadata={"check": check, "flag": flag})
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     """How a monitor samples.
@@ -75,33 +143,29 @@ class Options:
     used memory does); None: never (:mod:`nbmon.memwarn`).
     """
 
-    interval: float = DEFAULT_INTERVAL_S
-    children: bool = True
-    system: bool = True
-    gpu: bool = True
-    exact_peaks: bool = False
-    backend: str = "thread"
-    max_bytes: int = DEFAULT_MAX_BYTES
-    adopt: bool = False
-    memory_warning_percent: float | None = DEFAULT_MEMORY_WARNING_PERCENT
+    interval: float = option(DEFAULT_INTERVAL_S, check_interval, Flag(
+        "--interval", f"seconds between samples (default {DEFAULT_INTERVAL_S:g})", "S"))
+    children: bool = option(True, check_bool, Flag(
+        "--no-children", "only the watched process itself, not the processes it starts"))
+    system: bool = option(True, check_bool, Flag(
+        "--no-system", "no machine-wide or container figures"))
+    gpu: bool = option(True, check_bool, Flag("--no-gpu", "do not read GPUs"))
+    exact_peaks: bool = option(False, check_bool, Flag(
+        "--exact-peaks", "reset the watched processes' high-water marks so that every peak between samples "
+                         "is exact; this changes what other tools read about them (VmHWM, ru_maxrss, time -v)"))
+    backend: str = option("thread", check_backend, Flag(
+        "--backend", "sample from a helper process (the live chart's default on Linux: no GIL-held C call can "
+                     "stall it) or from a thread in the kernel: process or thread", "NAME", offered=(MAGIC,)))
+    max_bytes: int = option(DEFAULT_MAX_BYTES, check_bytes)
+    adopt: bool = option(False, check_bool)   # nbmon run sets it, as the subreaper of what it runs
+    memory_warning_percent: float | None = option(DEFAULT_MEMORY_WARNING_PERCENT, check_warning_percent, Flag(
+        "--memory-warning", "warn the running cell once the container's memory reaches P percent of its limit "
+                            f"(without one: the machine's); default {DEFAULT_MEMORY_WARNING_PERCENT:g}, off: never",
+        "P", parse=_percent_text, offered=(MAGIC,)))
 
     def __post_init__(self):
-        object.__setattr__(self, "interval", check_interval(self.interval))
-        for name in ("children", "system", "gpu", "exact_peaks", "adopt"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, "
-                             f"got {self.backend!r}")
-        if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes <= 0:
-            raise ValueError(f"max_bytes must be a positive whole number of bytes, got {self.max_bytes!r}")
-        percent = self.memory_warning_percent
-        if percent is not None:
-            if isinstance(percent, bool) or not isinstance(percent, (int, float)) \
-                    or not 0 < percent < 100:  # NaN fails this too
-                raise ValueError(f"memory_warning_percent must be a percentage between 0 and 100 "
-                                 f"(None: no warning), got {percent!r}")
-            object.__setattr__(self, "memory_warning_percent", float(percent))
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, f.metadata["check"](getattr(self, f.name), f.name))
 
     @classmethod
     def of(cls, options: "Options | None" = None, **changes) -> "Options":
@@ -116,9 +180,67 @@ class Options:
         base = options if options is not None else cls()
         return dataclasses.replace(base, **changes) if changes else base
 
+    @classmethod
+    def from_arguments(cls, parsed: argparse.Namespace, options: "Options | None" = None) -> "Options":
+        """``options`` with the flags given in ``parsed`` (arguments made by
+        :func:`arguments`) applied; ValueError naming the flag and the
+        text as typed."""
+        return cls.of(options, **given(parsed))
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> "Options":
         return cls(**json.loads(text))
+
+
+def flags(front_end: str) -> list[tuple[str, Flag]]:
+    """(option name, its flag) for each option ``front_end`` offers, in declaration order."""
+    return [(f.name, f.metadata["flag"]) for f in dataclasses.fields(Options)
+            if f.metadata["flag"] is not None and front_end in f.metadata["flag"].offered]
+
+
+def arguments(front_end: str) -> list[tuple[tuple[str, ...], dict]]:
+    """The ``add_argument(*args, **kwargs)`` calls (argparse's, and
+    IPython's ``magic_arguments.argument`` takes the same) of the options
+    ``front_end`` offers. A flag not given leaves its option out of the
+    parsed namespace: the option keeps the value it has."""
+    calls = []
+    for name, flag in flags(front_end):
+        help_text = flag.help.replace("%", "%%")   # argparse formats help with %
+        kwargs = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        if flag.metavar is None:   # a switch: the opposite of the default
+            kwargs.update(action="store_const", const=not Options.__dataclass_fields__[name].default)
+        else:
+            kwargs["metavar"] = flag.metavar
+        calls.append(((flag.flag,), kwargs))
+    return calls
+
+
+def given(parsed: argparse.Namespace) -> dict:
+    """{option name: checked value} of the option flags given in ``parsed``;
+    ValueError naming the flag and the text as typed."""
+    out = {}
+    for f in dataclasses.fields(Options):
+        flag = f.metadata["flag"]
+        if flag is None or not hasattr(parsed, f.name):
+            continue
+        value = getattr(parsed, f.name)
+        out[f.name] = value if flag.metavar is None else _from_text(f, flag, value)
+    return out
+
+
+def _from_text(f: dataclasses.Field, flag: Flag, text: str):
+    value = text
+    if flag.parse is not None:
+        try:
+            value = flag.parse(text)
+        except ValueError:
+            pass   # the check refuses the text in its own words
+    try:
+        return f.metadata["check"](value, flag.flag)
+    except ValueError as err:
+        # Name the value as typed: "1e-400" would otherwise read as 0.0, "1e3" as 1000.0.
+        reason = str(err).rsplit(", got ", 1)[0]
+        raise ValueError(f"{reason}, got {text!r}") from None

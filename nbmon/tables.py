@@ -1,10 +1,17 @@
-"""pandas DataFrames of samples and of per-cell history (pandas imported lazily)."""
+"""pandas DataFrames of samples and of per-cell history (pandas imported
+lazily), and the record of one monitored cell that the history is made of."""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import catalog
 from .summary import COUNTS_FROM_WINDOW, FROM_WINDOW, ResourceSummary
+from .values import NAN
+
+if TYPE_CHECKING:
+    from .store import Stats
 
 
 def samples_frame(store):
@@ -22,8 +29,48 @@ def samples_frame(store):
     return frame
 
 
-# Per-cell columns before the summary's own fields.
+# Per-cell columns before the summary's own fields: CellRecord's.
 HISTORY_COLUMNS = ("execution_count", "label", "start_time", "duration_sec", "status")
+
+
+@dataclass(eq=False, slots=True)
+class CellRecord:
+    """One monitored cell (a ``%%resmon`` cell, or one auto mode kept): a
+    row of ``nbmon.history()``. Made when the cell starts; the cell's
+    monitor fills in ``summary`` when it ends, the magic ``status``."""
+
+    execution_count: int | None     # its prompt number (None outside a numbered cell)
+    label: str                      # --label, or ""
+    start_time: float               # epoch s when it started
+    t_open: float                   # the monitor's clock when its span opened (the live chart's bands)
+    status: str = "ok"              # "ok", "failed", "interrupted"; a worker's row: "no answer" too
+    summary: ResourceSummary | None = None   # once it ended
+    stats: Stats | None = None      # its window's statistics, for its static record: the newest cell's only
+    workers: tuple[WorkerCellRecord, ...] = ()   # the cell on each watched Dask worker
+
+    @property
+    def duration_sec(self) -> float:
+        return self.summary.duration_sec if self.summary is not None else NAN
+
+    def ended_with(self, error: BaseException | None) -> None:
+        """Set the status from how the cell's code ended (None: it ran through)."""
+        if error is not None:
+            self.status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+
+
+@dataclass(eq=False, slots=True)
+class WorkerCellRecord(CellRecord):
+    """A cell on one Dask worker: a row of ``nbmon.history(workers=True)``."""
+
+    worker: str = ""
+    host: str = ""
+
+    @classmethod
+    def on(cls, record: CellRecord, worker: str, host: str, summary: ResourceSummary) -> "WorkerCellRecord":
+        """``record``'s cell on ``worker``: its summary there (none came: status 'no answer')."""
+        status = record.status if summary.num_samples > 0 else "no answer"
+        return cls(record.execution_count, record.label, record.start_time, record.t_open, status, summary,
+                   worker=worker, host=host)
 
 
 def recorded_figures() -> list[str]:
@@ -41,8 +88,8 @@ def recorded_figures() -> list[str]:
 
 
 def history_frame(records):
-    """One row per monitored cell: ``records`` are dicts with HISTORY_COLUMNS
-    and a ``summary`` (ResourceSummary); start_time becomes a UTC timestamp.
+    """One row per monitored cell: ``records`` are :class:`CellRecord`
+    (that ended: they have a summary); start_time becomes a UTC timestamp.
     Columns: HISTORY_COLUMNS, the summary's fields, then the recorded
     figures no field holds (:func:`recorded_figures`)."""
     import pandas as pd
@@ -52,8 +99,8 @@ def history_frame(records):
     extra = recorded_figures()
     rows = []
     for r in records:
-        s = r["summary"]
-        rows.append({**{c: r[c] for c in HISTORY_COLUMNS}, **{f: getattr(s, f) for f in fields},
+        s = r.summary
+        rows.append({**{c: getattr(r, c) for c in HISTORY_COLUMNS}, **{f: getattr(s, f) for f in fields},
                      **{k: s.figures.get(k) for k in extra}})
     frame = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS) + fields + extra)
     frame["start_time"] = pd.to_datetime(frame["start_time"], unit="s", utc=True)

@@ -177,7 +177,7 @@ def test_a_tree_metric_added_at_run_time_reaches_every_consumer(monkeypatch, tmp
                 f.close()
     finally:
         session.stop()
-    summary = record["summary"]
+    summary = record.summary
     frame = samples_frame(session.monitor.store)
     assert (frame["proc_open_files"].iloc[1:] > 0).all()
     with open(csv_path, newline="") as f:

@@ -26,6 +26,7 @@ from nbmon.dask.worker import roster_name
 from nbmon.notebook.cluster import BANDS, COMPACT_AT, ClusterView
 from nbmon.notebook.frames import MAX_FRAME_BYTES
 from nbmon.options import Options
+from nbmon.tables import CellRecord
 
 MIB = 1 << 20
 
@@ -267,15 +268,15 @@ def test_a_killed_worker_is_marked_gone_and_new_workers_appear(tmp_path):
             survivor = next(f for f in watch.collector.workers() if f is not reporter)
             pid = client.run(os.getpid, workers=[reporter.address])[reporter.address]
             orphan = client.submit(fork_sleeper, workers=[reporter.address], pure=False).result()
-            record = {"execution_count": 7, "label": "kill", "start_time": time.time(), "status": "ok"}
+            record = CellRecord(7, "kill", start_time=time.time(), t_open=time.monotonic())
             with nbmon.dask.cell(record):   # a cell during which the worker dies
                 os.kill(pid, signal.SIGKILL)
                 wait_until(lambda: reporter.state == "gone", timeout=20, what="the scheduler to see the worker go")
                 time.sleep(0.5)   # the survivor's span: several samples at 10 Hz
-            spans = {r["worker"]: r for r in record["workers"]}
-            assert spans[reporter.address]["status"] == "no answer"
-            assert spans[reporter.address]["summary"].num_samples == 0
-            assert spans[survivor.address]["status"] == "ok" and spans[survivor.address]["summary"].num_samples > 5
+            spans = {r.worker: r for r in record.workers}
+            assert spans[reporter.address].status == "no answer"
+            assert spans[reporter.address].summary.num_samples == 0
+            assert spans[survivor.address].status == "ok" and spans[survivor.address].summary.num_samples > 5
             assert view.refresh(force=True) and view.errors == 0
             gone = [t for t in view.widget.data if t.name == f"{reporter.name} (left)"]
             assert len(gone) == len(view.rows)

@@ -394,25 +394,28 @@ def test_20000_cells_keep_the_history_bounded():
     finally:
         assert monitor.stop(timeout=DEADLINE_S)
     figure("20,000 cells", records=len(s.records), rss_growth_mb_10k_to_20k=round(rss[20_000] - rss[10_000], 2),
-           with_stats=sum("stats" in r for r in s.records))
+           with_stats=sum(r.stats is not None for r in s.records))
     assert len(s.records) == session.MAX_RECORDS == 10_000
-    assert [r["execution_count"] for r in s.records] == list(range(10_001, 20_001))
-    assert [r for r in s.records if "stats" in r] == [s.records[-1]]   # the newest cell's record is drawn from it
+    assert [r.execution_count for r in s.records] == list(range(10_001, 20_001))
+    assert [r for r in s.records if r.stats is not None] == [s.records[-1]]   # the newest cell's record is drawn from it
     assert rss[20_000] - rss[10_000] < 8.0   # before: a record more per cell, +27 MiB over these 10,000
 
 
 def test_the_workers_history_keeps_whole_cells_within_its_bounds(monkeypatch):
     import nbmon.dask as nbdask
     from nbmon.dask.client import NO_ANSWER
+    from nbmon.tables import CellRecord, WorkerCellRecord
 
     monkeypatch.setattr(nbdask, "_cells", type(nbdask._cells)())
     monkeypatch.setattr(nbdask, "_rows", 0)
-    base = {"label": "", "start_time": 1.7e9, "status": "ok", "duration_sec": 1.0, "summary": NO_ANSWER}
+    def rows(n: int, workers: int) -> list[WorkerCellRecord]:
+        return [WorkerCellRecord.on(CellRecord(n, "", 1.7e9, 0.0), f"tcp://w{k}", "h", NO_ANSWER) for k in range(workers)]
+
     for n in range(1, 20_001):   # 3 workers a cell, then a cluster of 60,000 workers for one cell
-        nbdask._keep([{**base, "execution_count": n, "worker": f"tcp://w{k}", "host": "h"} for k in range(3)])
+        nbdask._keep(rows(n, 3))
     frame = nbdask.history()
     assert len(frame) == 30_000 and frame["execution_count"].iloc[0] == 10_001
-    nbdask._keep([{**base, "execution_count": 20_001, "worker": f"tcp://w{k}", "host": "h"} for k in range(60_000)])
+    nbdask._keep(rows(20_001, 60_000))
     assert len(nbdask.history()) == 60_000 and set(nbdask.history()["execution_count"]) == {20_001}
 
 

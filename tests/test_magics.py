@@ -17,6 +17,7 @@ import nbmon
 import nbmon.notebook.magics
 from browser_util import legend, row, summary_rows
 from helpers import burn_cpu, wait_until
+from nbmon.format import fmt
 from nbmon.notebook.session import SESSION
 from nbmon.summary import ResourceSummary
 
@@ -349,7 +350,9 @@ def test_auto_mode_records_every_cell_until_off(ip):
     assert len(history) == before + 3
     assert list(history["status"].iloc[-3:]) == ["ok", "ok", "failed"]
     lines = oneliners(cap)
-    assert len(lines) == 3 and all("peak RSS" in line for line in lines)
+    assert len(lines) == 3
+    for line, (_, cell) in zip(lines, history.iloc[-3:].iterrows()):   # the headline: mean CPU, peak memory
+        assert f"CPU {fmt(cell['mean_cpu_percent'], '%')} · Memory {fmt(cell['peak_mem_mb'], 'MiB')}" in line, line
     assert "failed" in lines[-1]
 
     # a %%resmon cell is summarised once, by the cell magic

@@ -174,7 +174,7 @@ def test_the_cell_magic_evaluates_only_the_cell_never_its_options(tmp_path):
                 ip.run_line_magic("resmon", line)
         with capture_output():
             ip.run_cell_magic("resmon", f"--quiet --label {payload}", "rm_sec = 1")
-        assert SESSION.records[-1]["label"] == payload  # kept as text
+        assert SESSION.records[-1].label == payload  # kept as text
         assert not mark.exists()
     finally:
         ip.user_ns.pop("rm_sec", None)

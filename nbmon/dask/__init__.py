@@ -32,6 +32,7 @@ import math
 from contextlib import contextmanager
 
 from ..options import Options
+from ..tables import WorkerCellRecord
 
 __all__ = ["watch", "unwatch", "watching", "history", "samples", "cell", "cell_html", "client_named"]
 
@@ -106,11 +107,11 @@ def client_named(namespace: dict, name: str):
 
 
 @contextmanager
-def cell(record: dict):
-    """Around a monitored cell (``record`` as the session's): exact spans on
-    every worker of the watched cluster; nothing when none is watched. Adds
-    one record per worker to :func:`history` and lists them in
-    ``record["workers"]``."""
+def cell(record):
+    """Around a monitored cell (``record``: its nbmon.tables.CellRecord): exact
+    spans on every worker of the watched cluster; nothing when none is
+    watched. Adds one record per worker to :func:`history` and lists them in
+    ``record.workers``."""
     watched = watching()
     if watched is None:
         yield
@@ -120,16 +121,11 @@ def cell(record: dict):
         yield
     finally:
         rows = watched.close_spans(token, opened)
-        base = {k: record.get(k) for k in ("execution_count", "label", "start_time", "status")}
-        for row in rows:
-            answered = row["summary"].num_samples > 0
-            row.update(base, duration_sec=row["summary"].duration_sec,
-                       status=base["status"] if answered else "no answer")
-        record["workers"] = rows
-        _keep(rows)
+        record.workers = tuple(WorkerCellRecord.on(record, r["worker"], r["host"], r["summary"]) for r in rows)
+        _keep(record.workers)
 
 
-def _keep(rows: list[dict]) -> None:
+def _keep(rows) -> None:
     """Add a cell's rows to the history, the oldest cells going first beyond
     MAX_CELLS cells or MAX_ROWS rows (the newest cell stays, whatever its size)."""
     global _rows
@@ -139,13 +135,13 @@ def _keep(rows: list[dict]) -> None:
         _rows -= len(_cells.popleft())
 
 
-def cell_html(record: dict) -> str:
+def cell_html(record) -> str:
     """The per-worker table of a cell made under :func:`cell` ("" if none)."""
-    if not record.get("workers"):
+    if not record.workers:
         return ""
     from ..notebook.cluster import workers_cell_html
 
-    return workers_cell_html(record["workers"])
+    return workers_cell_html(record.workers)
 
 
 def history():
@@ -158,8 +154,8 @@ def history():
 
     rows = [row for cell_rows in _cells for row in cell_rows]
     frame = history_frame(rows)
-    frame.insert(5, "worker", [r["worker"] for r in rows])
-    frame.insert(6, "host", [r["host"] for r in rows])
+    frame.insert(5, "worker", [r.worker for r in rows])
+    frame.insert(6, "host", [r.host for r in rows])
     return frame
 
 

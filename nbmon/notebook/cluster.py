@@ -488,14 +488,14 @@ def table_html(title: str, header: list[str], rows: list[list[str]], cls: str) -
 WORKER_HEADER = ["worker", "host", "peak RSS", "CPU mean", "CPU time", "GPU mem peak"]
 
 
-def workers_cell_html(rows: list[dict]) -> str:
+def workers_cell_html(rows) -> str:
     """The per-worker table of one cell: ``rows`` as :func:`nbmon.dask.cell` makes them."""
     body = []
     for r in rows:
-        s = r["summary"]
-        body.append([r["worker"], r["host"], fmt(s.peak_rss_mb, "MiB") + (" (exact)" if s.peak_rss_exact else ""),
+        s = r.summary
+        body.append([r.worker, r.host, fmt(s.peak_rss_mb, "MiB") + (" (exact)" if s.peak_rss_exact else ""),
                      fmt(s.mean_cpu_percent, "%"), fmt(s.cpu_time_sec, "s"), fmt(s.peak_gpu_mem_mb, "MiB")]
-                    if s.num_samples else [r["worker"], r["host"], "no answer", "", "", ""])
+                    if s.num_samples else [r.worker, r.host, "no answer", "", "", ""])
     return table_html("nbmon · the cell on each worker", WORKER_HEADER, body, "nbmon-workers")
 
 

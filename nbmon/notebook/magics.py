@@ -18,8 +18,9 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import HTML, display
 
-from .. import dask as nbmon_dask
-from ..options import BACKENDS, DEFAULT_INTERVAL_S, Options, check_interval
+from .. import dask as nbmon_dask, options as opts, senders
+from ..format import printable
+from ..options import DEFAULT_WINDOW_S, MAGIC, Options, check_interval
 from . import kernel_watch
 from .session import SESSION, cell_record, one_line
 
@@ -81,6 +82,22 @@ def _unquote(text: str) -> str:
     return text
 
 
+def _from_table(calls):
+    """A decorator giving a magic the ``add_argument`` calls of a table
+    (nbmon.options's, nbmon.senders's), in order."""
+    def decorate(func):
+        for args, kwargs in reversed(calls):
+            func = argument(*args, **kwargs)(func)
+        return func
+    return decorate
+
+
+def _only(flags: list[str], where: str) -> None:
+    """Refuse ``flags`` given where they do not apply."""
+    if flags:
+        raise UsageError(f"{', '.join(flags)} only appl{'ies' if len(flags) == 1 else 'y'} to {where}")
+
+
 @magics_class
 class ResmonMagics(Magics):
     def __init__(self, shell):
@@ -96,24 +113,16 @@ class ResmonMagics(Magics):
     @argument("subcommand", nargs="?", default="start",
               help="line magic: start (default), stop, status, summary, or auto on|off")
     @argument("value", nargs="?", help="on or off, for auto")
-    @argument("--interval", metavar="S", help=f"seconds between samples (default {DEFAULT_INTERVAL_S:g})")
-    @argument("--window", metavar="S", help="seconds shown by the live dashboard (default 600)")
+    @_from_table(opts.arguments(MAGIC))
+    @argument("--window", metavar="S", help=f"seconds shown by the live dashboard (default {DEFAULT_WINDOW_S:g})")
     @argument("--threshold", metavar="S", help="auto mode: only summarise cells longer than this (default 1)")
-    @argument("--no-gpu", action="store_true", help="do not read GPUs")
-    @argument("--no-children", action="store_true", help="only the kernel process, not its children")
-    @argument("--no-system", action="store_true", help="no machine-wide figures")
-    @argument("--exact-peaks", action="store_true",
-              help="reset the watched processes' high-water marks so that every peak between samples is exact; "
-                   "this changes what other tools read about them (VmHWM, ru_maxrss, /usr/bin/time -v)")
-    @argument("--backend", choices=BACKENDS, default=None,
-              help="%%resmon start: sample from a helper process (default on Linux: no GIL-held C "
-                   "call can stall it) or from a thread in the kernel")
     @argument("--dask", metavar="CLIENT", help="%%resmon start: watch every worker of the "
               "distributed.Client named CLIENT in the notebook (see nbmon.dask)")
     @argument("--label", default="", help="cell magic: a name for this cell in nbmon.history()")
     @argument("--quiet", action="store_true", help="cell magic: no live meter and no summary output")
     @argument("-o", "--output", action="store_true",
               help="cell magic: return the ResourceSummary (like %%timeit -o) instead of the cell's value")
+    @_from_table(senders.arguments(MAGIC))   # %resmon start: files it streams the samples to
     @line_cell_magic
     def resmon(self, line: str = "", cell: str | None = None):
         """Monitor the kernel's CPU, memory and GPU.
@@ -127,34 +136,32 @@ class ResmonMagics(Magics):
         """
         args = parse_argstring(self.resmon, line)
         args.label = _unquote(args.label)
-        interval = _seconds(args.interval, "--interval", DEFAULT_INTERVAL_S)
-        options = Options(interval=interval, gpu=not args.no_gpu, children=not args.no_children,
-                          system=not args.no_system, exact_peaks=args.exact_peaks)
+        try:
+            options = Options.from_arguments(args)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        outputs = {name: _unquote(path) for name, path in senders.outputs_given(args, MAGIC).items()}
+        streamed = [senders.SINKS[name].flag for name in outputs]
         if cell is not None:
             if args.subcommand != "start" or args.value:
                 raise UsageError(f"%%resmon takes options only, not {args.subcommand!r}")
+            _only(streamed, "%resmon start")
             return self._run_cell(cell, options, args)
-        cell_only = [name for name, given in (("--label", args.label), ("--quiet", args.quiet),
-                                              ("-o", args.output)) if given]
-        if cell_only:
-            raise UsageError(f"{', '.join(cell_only)} only apply to a %%resmon cell")
+        _only([name for name, given in (("--label", args.label), ("--quiet", args.quiet), ("-o", args.output))
+               if given], "a %%resmon cell")
         if args.dask and args.subcommand != "start":
             raise UsageError(f"--dask only applies to %resmon start, not {args.subcommand!r}")
         if args.subcommand not in SUBCOMMANDS:
             raise UsageError(f"unknown %resmon subcommand {args.subcommand!r}; "
                              f"use one of: {', '.join(SUBCOMMANDS)}")
+        if args.subcommand != "start":
+            _only(streamed, "%resmon start")
         if args.subcommand == "auto":
             return self._auto(args.value, _seconds(args.threshold, "--threshold", 1.0, zero_ok=True), options)
         if args.value:
             raise UsageError(f"%resmon {args.subcommand} takes no value, got {args.value!r}")
         if args.subcommand == "start":
-            window = _seconds(args.window, "--window", 600.0)
-            if window < interval:
-                raise UsageError(f"--window ({window:g} s) must be at least --interval ({interval:g} s)")
-            if args.dask:
-                return self._watch_cluster(args.dask, options, window)
-            backend = args.backend or DEFAULT_BACKEND
-            return self._start(Options.of(options, backend=backend), window, interval_given=args.interval is not None)
+            return self._start_line(args, options, outputs)
         if args.subcommand == "stop":
             return self.stop()
         if args.subcommand == "status":
@@ -163,6 +170,31 @@ class ResmonMagics(Magics):
         return SESSION.monitor.summary() if SESSION.monitor else None
 
     # -- line magic ------------------------------------------------------
+    def _start_line(self, args, options: Options, outputs: dict[str, str]) -> None:
+        """``%resmon [start]``: the live chart of the kernel's monitor (or of
+        a Dask cluster), every sample streamed to ``outputs``."""
+        window = _seconds(args.window, "--window", DEFAULT_WINDOW_S)
+        if window < options.interval:
+            raise UsageError(f"--window ({window:g} s) must be at least --interval ({options.interval:g} s)")
+        if args.dask:
+            _only([senders.SINKS[name].flag for name in outputs], "the kernel's monitor, not to --dask")
+            return self._watch_cluster(args.dask, options, window)
+        replace = "add --force to replace it"
+        try:
+            senders.check_outputs(outputs, args.force, replace)   # refused before anything starts
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        if not hasattr(args, "backend"):
+            options = Options.of(options, backend=DEFAULT_BACKEND)
+        self._start(options, window, interval_given=hasattr(args, "interval"))
+        try:
+            streams = senders.open_streams(outputs, args.force, replace)
+        except ValueError as err:   # made meanwhile, or the disk went
+            raise UsageError(str(err)) from None
+        for stream in streams:
+            SESSION.monitor.attach(stream)
+        return None
+
     def _start(self, options: Options, window: float, interval_given: bool) -> None:
         from . import dashboard as live
 
@@ -209,9 +241,9 @@ class ResmonMagics(Magics):
             cell = self.cells[-1]
             cell["t1"] = monitor.clock()
             cell["n"] = result.execution_count if result.execution_count is not None else cell["n"]
-            labelled = [r for r in SESSION.records[-1:] if r["label"] and r["t_open"] >= cell["t0"]]
+            labelled = [r for r in SESSION.records[-1:] if r.label and r.t_open >= cell["t0"]]
             if labelled:
-                cell["label"] = labelled[0]["label"]
+                cell["label"] = labelled[0].label
         for dashboard, *_ in self.dashboards:
             dashboard.cell_ended()
 
@@ -251,7 +283,7 @@ class ResmonMagics(Magics):
             handle.update(HTML(view.close()))
         self.cluster_views.clear()
         for worker, threads in left.items():
-            print(f"nbmon: still running on worker {worker}: {', '.join(threads)}")
+            print(printable(f"nbmon: still running on worker {worker}: {', '.join(threads)}"))
 
     def status(self) -> str:
         monitor = SESSION.monitor
@@ -263,8 +295,8 @@ class ResmonMagics(Magics):
                  f"GPU: {monitor.gpu_state}",
                  f"auto: {'on' if self.auto_threshold_s is not None else 'off'}",
                  f"cells in history: {len(SESSION.records)}"]
-        for fault in monitor.faults.values():
-            lines.append(f"fault: {fault.source} failed {fault.count} time(s), first: {fault.first_error}")
+        for fault in monitor.faults.values():   # errors in their own words: from anywhere
+            lines.append(printable(f"fault: {fault.source} failed {fault.count} time(s), first: {fault.first_error}"))
         return "\n".join(lines)
 
     # -- cell magic ------------------------------------------------------
@@ -282,25 +314,23 @@ class ResmonMagics(Magics):
                 if not args.quiet:
                     meter = Meter(label=args.label or f"cell {number}")
                     handle = display(meter, display_id=True)
-                    feed = MeterFeed(meter, record["span"].monitor)
+                    feed = MeterFeed(meter, SESSION.monitor)
                 try:
                     value = self._execute(cell, number)
-                except KeyboardInterrupt:
-                    record["status"] = "interrupted"
-                    raise
                 except BaseException as err:
-                    record["status"] = "failed"
-                    _user_traceback(shell, err)
+                    record.ended_with(err)   # before the Dask hook's exit copies the status
+                    if not isinstance(err, KeyboardInterrupt):
+                        _user_traceback(shell, err)
                     raise
                 finally:
                     if feed is not None:
-                        feed.finish("done" if record["status"] == "ok" else record["status"])
+                        feed.finish("done" if record.status == "ok" else record.status)
                         feed.meter.close()
         finally:
             # Shown on failure too; the exception then propagates unchanged.
-            if record is not None and "summary" in record:
+            if record is not None and record.summary is not None:
                 self._show_cell(record, handle, args.quiet)
-        return record["summary"] if args.output else value
+        return record.summary if args.output else value
 
     def _show_cell(self, record, handle, quiet) -> None:
         if quiet:
@@ -376,13 +406,11 @@ class ResmonMagics(Magics):
             return
         cell, record = self._auto_cell, self._auto_record
         self._auto_cell = None
-        error = result.error_in_exec or result.error_before_exec
-        if error is not None:
-            record["status"] = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        record.ended_with(result.error_in_exec or result.error_before_exec)
         if result.execution_count is not None:
-            record["execution_count"] = result.execution_count
+            record.execution_count = result.execution_count
         cell.__exit__(None, None, None)
-        summary = record["summary"]
+        summary = record.summary
         if summary.duration_sec >= (self.auto_threshold_s or 0.0) and not math.isnan(summary.duration_sec):
             display(HTML(f'<div class="nbmon-oneline" style="font:12px system-ui;'
                          f'color:var(--jp-ui-font-color2, #555)">{one_line(record)}</div>'))

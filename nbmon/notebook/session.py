@@ -6,12 +6,14 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-from ..format import fmt
+from .. import catalog
 from ..engine import Monitor
+from ..format import fmt
 from ..options import Options
 from ..render import html_table, text_table
-from ..summary import ResourceSummary
-from ..tables import history_frame, samples_frame
+from ..senders import MONITOR, open_streams, sinks
+from ..summary import ResourceSummary, headline
+from ..tables import CellRecord, history_frame, samples_frame
 from .charts import Record, record_timeline
 from .kernel_watch import WATCH
 
@@ -20,13 +22,13 @@ MAX_RECORDS = 10_000   # cells the history keeps: the oldest go first
 
 
 class Session:
-    """``records``: the history, one dict per monitored cell, the last
-    MAX_RECORDS cells (some 0.75 KiB each); the newest also keeps its
+    """``records``: the history, one :class:`~nbmon.tables.CellRecord` per
+    monitored cell, the last MAX_RECORDS cells; the newest also keeps its
     window's statistics (``stats``), which its static record is drawn from."""
 
     def __init__(self):
         self.monitor: Monitor | None = None
-        self.records: list[dict] = []
+        self.records: list[CellRecord] = []
         self.last: ResourceSummary | None = None
 
     def ensure_monitor(self, options: Options | None = None, *, start: bool = True) -> tuple[Monitor, bool]:
@@ -44,30 +46,27 @@ class Session:
     @contextmanager
     def cell(self, options: Options | None = None, *, label: str = "", execution_count=None,
              keep_running: bool = False, min_duration_s: float = 0.0):
-        """Monitor one cell: yields a dict that gets ``status`` (default
-        'ok'), and on exit gains ``summary`` (and ``stats``, its window's) and
+        """Monitor one cell: yields its :class:`~nbmon.tables.CellRecord`,
+        which on exit gets its ``summary`` (and ``stats``, its window's) and
         joins the history if it lasted at least ``min_duration_s``.
         ``options`` apply if no monitor runs yet."""
         monitor, started = self.ensure_monitor(options)
         span = monitor.window()
-        record = {"execution_count": execution_count, "label": label, "start_time": time.time(),
-                  "status": "ok", "span": span, "t_open": span.t_open}
+        record = CellRecord(execution_count, label, start_time=time.time(), t_open=span.t_open)
         try:
             yield record
         finally:
-            summary = span.close()
+            record.summary = span.close()
             if started and not keep_running:
                 monitor.stop()
-            record["stats"] = record.pop("span").window.stats()
-            record["summary"] = summary
-            record["duration_sec"] = summary.duration_sec
-            if not summary.duration_sec < min_duration_s:
+            record.stats = span.window.stats()
+            if not record.summary.duration_sec < min_duration_s:
                 self._keep(record)
-                self.last = summary
+                self.last = record.summary
 
-    def _keep(self, record: dict) -> None:
+    def _keep(self, record: CellRecord) -> None:
         if self.records:
-            self.records[-1].pop("stats", None)   # a column of statistics per metric: the newest cell's only
+            self.records[-1].stats = None   # a column of statistics per metric: the newest cell's only
         self.records.append(record)
         del self.records[:-MAX_RECORDS]
 
@@ -81,18 +80,28 @@ class Session:
 SESSION = Session()
 
 
-def monitor(options: Options | None = None, *, consumers=(), **settings) -> Monitor:
+def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = False, **settings) -> Monitor:
     """The notebook's monitor (the one ``%resmon`` shows), started with
     ``options`` and ``settings`` (e.g. ``interval=0.5``) if none runs yet.
-    ``consumers`` (consumers, senders or callables) are attached to it
-    either way, so a sink of your own gets the kernel's samples::
+    A setting named after a sink (nbmon.senders.SINKS: ``csv``, ``jsonl``)
+    streams every sample to that file (an existing one is refused unless
+    ``overwrite``); ``consumers`` (consumers, senders or callables) are
+    attached too, either way, so a sink of your own gets the kernel's samples::
 
-        nbmon.monitor(consumers=[nbmon.JSONLinesSender("kernel.jsonl")])
+        nbmon.monitor(jsonl="kernel.jsonl")
+        nbmon.monitor(consumers=[my_sender])
     """
-    running, _ = SESSION.ensure_monitor(Options.of(options, **settings))
-    for consumer in consumers:
+    outputs = {name: settings.pop(name) for name in _SINK_NAMES if name in settings}
+    options = Options.of(options, **settings)   # refused before any file is made
+    streams = open_streams({k: v for k, v in outputs.items() if v is not None}, overwrite,
+                           "pass overwrite=True to replace it")
+    running, _ = SESSION.ensure_monitor(options)
+    for consumer in (*consumers, *streams):
         running.attach(consumer)
     return running
+
+
+_SINK_NAMES = tuple(sink.name for sink in sinks(MONITOR, streams_only=True))
 
 
 def history(workers: bool = False):
@@ -127,24 +136,28 @@ def last_summary() -> ResourceSummary | None:
     return SESSION.last
 
 
-def cell_record(record: dict, monitor: Monitor | None) -> Record:
+def cell_record(record: CellRecord, monitor: Monitor | None) -> Record:
     """The static record of one cell: its summary table, the timeline's
     legend in it, and the timeline picture (None for fewer than two samples)."""
-    s: ResourceSummary = record["summary"]
-    status = record["status"]
-    title = "nbmon" + (f" · {record['label']}" if record["label"] else "")
+    s, status = record.summary, record.status
+    title = "nbmon" + (f" · {record.label}" if record.label else "")
     if status != "ok":
         title += f" · {status}"
     timeline = None
     if monitor is not None and s.num_samples > 1:
-        timeline = record_timeline(monitor.store, record["stats"], record["t_open"])
+        timeline = record_timeline(monitor.store, record.stats, record.t_open)
     rows = s.rows() + ([timeline.legend] if timeline is not None else [])
     return Record(html_table(title, rows, status=status), text_table(title, rows), timeline)
 
 
-def one_line(record: dict) -> str:
-    s: ResourceSummary = record["summary"]
-    return (f"nbmon: {fmt(s.duration_sec, 's')} · peak RSS {fmt(s.peak_rss_mb, 'MiB')} · "
-            f"CPU {fmt(s.mean_cpu_percent, '%')}"
-            + (f" · GPU {fmt(s.mean_gpu_util, '%')}" if s.mean_gpu_util is not None else "")
-            + ("" if record["status"] == "ok" else f" · {record['status']}"))
+def one_line(record: CellRecord) -> str:
+    """Auto mode's line for a cell: its duration, then the headline
+    metrics (``catalog.headlines()``) by the statistic each summarises a
+    window with (the mean CPU, the peak memory), and how it ended unless ok."""
+    figures = record.summary.figures
+    values = {m.name: figures[key] for m in catalog.headlines()
+              if figures.get(key := catalog.figure_key(m.summary, m.name)) is not None}
+    parts = [f"nbmon: {fmt(record.duration_sec, 's')}", headline(values)]
+    if record.status != "ok":
+        parts.append(record.status)
+    return " · ".join(part for part in parts if part)
