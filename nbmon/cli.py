@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
-import math
 import os
 import resource
 import shutil
@@ -35,7 +34,7 @@ from .options import Options, check_interval
 from .senders import SINKS, Ended, check_outputs, open_stream
 from .sources.cgroup import OwnGroup
 from .sources.proctree import EXCLUDED, all_thread_child_pids
-from .values import known
+from .values import NAN, known
 from .summary import ResourceSummary
 
 VERBS = ("run", "demo", "report", "postmortem")
@@ -218,7 +217,7 @@ class _Exit:
 
     def __init__(self):
         self.code = 0
-        self.t = math.nan         # monotonic time the command (or the last descendant) ended
+        self.t = NAN              # monotonic time the command (or the last descendant) ended
         self.cpu_s = 0.0          # CPU of every process reaped: the command's whole waited tree
         self.peak_kb = 0          # the largest single process's peak RSS (ru_maxrss)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import warnings
 
+from .format import printable
+
 
 def source_name(source) -> str:
     return getattr(source, "name", None) or type(source).__name__
@@ -47,5 +49,6 @@ class FaultLog(dict):
         for fault in list(self.values()):
             if not fault.reported:
                 fault.reported = True
-                warnings.warn(f"nbmon: {fault.source} failed {fault.count} time(s) in this run, "
-                              f"first: {fault.first_error}", RuntimeWarning, stacklevel=stacklevel + 1)
+                # The error's own words come from anywhere (a sender, a GPU driver, a path): no escapes.
+                warnings.warn(printable(f"nbmon: {fault.source} failed {fault.count} time(s) in this run, "
+                                        f"first: {fault.first_error}"), RuntimeWarning, stacklevel=stacklevel + 1)

@@ -154,8 +154,8 @@ class Options:
         "--exact-peaks", "reset the watched processes' high-water marks so that every peak between samples "
                          "is exact; this changes what other tools read about them (VmHWM, ru_maxrss, time -v)"))
     backend: str = option("thread", check_backend, Flag(
-        "--backend", "sample from a helper process (the live chart's default on Linux: no GIL-held C call can "
-                     "stall it) or from a thread in the kernel: process or thread", "NAME", offered=(MAGIC,)))
+        "--backend", "process: sample from a helper process, which no GIL-held C call can stall (the live "
+                     "chart's default on Linux); thread: from a thread in the kernel", "NAME", offered=(MAGIC,)))
     max_bytes: int = option(DEFAULT_MAX_BYTES, check_bytes)
     adopt: bool = option(False, check_bool)   # nbmon run sets it, as the subreaper of what it runs
     memory_warning_percent: float | None = option(DEFAULT_MEMORY_WARNING_PERCENT, check_warning_percent, Flag(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 NAN = math.nan
+MIB = 1024.0 * 1024.0   # bytes in a MiB: every _mb figure
 
 
 def known(value) -> float | None:

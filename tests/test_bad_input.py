@@ -100,6 +100,18 @@ MAGIC_CASES = [
     ("cell", "--interval nan", "'nan'", POSITIVE.format("nan")),
     ("cell", "--interval abc", "'abc'", "--interval must be a number of seconds, got 'abc'"),
     ("cell", "--interval 1e9", "'1e9'", "--interval must be at most a day (86400 s), got '1e9'"),
+    ("line", "--memory-warning 150", "'150'",
+     "--memory-warning must be a percentage between 0 and 100 (None: no warning), got '150'"),
+    ("cell", "--memory-warning x", "'x'",
+     "--memory-warning must be a percentage between 0 and 100 (None: no warning), got 'x'"),
+    ("line", "--backend gpu", "'gpu'", "--backend must be one of 'thread', 'process', got 'gpu'"),
+    # files: refused before anything starts (issue 19)
+    ("line", "--csv /proc/nbmon.csv", "'/proc/nbmon.csv'", "cannot write '/proc/nbmon.csv': No such file or directory"),
+    ("line", "--csv out --jsonl ./out", "'./out'", "each output needs its own file: 'out', './out'"),
+    ("line", "--jsonl .", "'.'", "output path '.' is a directory"),
+    ("line", "status --csv out.csv", "--csv", "--csv only applies to %resmon start"),
+    ("line", "--dask client --jsonl out.jsonl", "--jsonl", "--jsonl only applies to the kernel's monitor, not to --dask"),
+    ("cell", "--csv out.csv --jsonl out.jsonl", "--csv, --jsonl", "--csv, --jsonl only apply to %resmon start"),
 ]
 
 

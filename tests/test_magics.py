@@ -16,7 +16,8 @@ from IPython.utils.capture import capture_output
 import nbmon
 import nbmon.notebook.magics
 from browser_util import legend, row, summary_rows
-from helpers import burn_cpu, wait_until
+from helpers import StubSource, burn_cpu, wait_until
+from nbmon.engine import Monitor
 from nbmon.format import fmt
 from nbmon.notebook.session import SESSION
 from nbmon.summary import ResourceSummary
@@ -484,3 +485,35 @@ def test_help_documents_the_options(ip):
         ip.run_cell("%resmon?")
     for text in ("--interval", "--label", "--quiet", "%%resmon", "auto on"):
         assert text in cap.stdout, text
+
+
+# -- faults in the user's terminal -----------------------------------------------------
+
+HOSTILE = "\x1b]0;pwned\x07\x1b[2J"   # a terminal title and a screen clear, in an error's own words
+
+
+def test_status_shows_a_faults_text_without_its_escapes(ip):
+    def hostile(event):
+        raise RuntimeError(HOSTILE)
+
+    monitor = nbmon.monitor(interval=0.05, gpu=False, consumers=[hostile])
+    try:
+        wait_until(lambda: monitor.faults, what="the sink's fault")
+        with capture_output() as cap:
+            ip.run_line_magic("resmon", "status")
+    finally:
+        SESSION.stop()
+    (line,) = [line for line in cap.stdout.splitlines() if line.startswith("fault:")]
+    assert "\x1b" not in cap.stdout and "\x07" not in cap.stdout
+    assert line.endswith("RuntimeError: \\x1b]0;pwned\\x07\\x1b[2J"), line
+
+
+def test_a_failing_sources_warning_is_printable():
+    source = StubSource("gpu\x1b[8m", behave=lambda call: (_ for _ in ()).throw(OSError(HOSTILE)))
+    monitor = Monitor(interval=0.02, gpu=False, system=False, extra_sources=[source]).start()
+    wait_until(lambda: source.calls >= 3, what="three failing calls")
+    with pytest.warns(RuntimeWarning) as warned:
+        monitor.stop()
+    (message,) = [str(w.message) for w in warned]
+    assert "\x1b" not in message and "\x07" not in message
+    assert message.startswith("nbmon: gpu\\x1b[8m failed") and message.endswith("OSError: \\x1b]0;pwned\\x07\\x1b[2J")

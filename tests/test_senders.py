@@ -6,16 +6,21 @@ import io
 import json
 import math
 import os
+import re
 import stat
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
 
+import nbmon
 from helpers import csv_rows, disk_full_run, nbmon_threads, sigkill_mid_write, wait_until
 from nbmon.consumers import SampleForwarder
 from nbmon.engine import Monitor
+from nbmon.notebook.session import SESSION
 from nbmon.senders import CallbackSender, CSVSender, JSONLinesSender
 
 
@@ -177,3 +182,129 @@ def test_disk_full_is_one_clear_error_and_the_file_stays_whole(tmp_path):
     assert os.path.getsize(path) <= limit
     header, rows = csv_rows(path)
     assert len(rows) == r["sent"] > 0
+
+
+# -- the sink table: one entry, every front end (issue 19) --------------------------------
+
+TSV_SINK = """
+    import json, os, sys, time
+
+    from nbmon import files, senders
+
+    class TSVSender:   # the newcomer: a sender made from a path
+        def __init__(self, path, *, overwrite=False):
+            self.path, self.fd = path, files.create(path, overwrite=overwrite, append=True)
+
+        def publish_many(self, events):
+            os.write(self.fd, "".join(f"{e['time']}\\t{e['proc_rss_mb']}\\n" for e in events).encode())
+
+        def publish(self, event, **kwargs):
+            self.publish_many([event])
+
+        def close(self):
+            os.close(self.fd)
+
+    senders.SINKS["tsv"] = senders.Sink("tsv", "stream every sample to this TSV file", open=TSVSender)
+
+    import nbmon
+    from IPython.core.interactiveshell import InteractiveShell
+    from nbmon import cli
+    from nbmon.notebook.magics import ResmonMagics
+    from nbmon.notebook.session import SESSION
+
+    run_tsv, magic_tsv, monitor_tsv = sys.argv[1:4]
+    code = cli.main(["run", "--quiet", "--interval", "0.05", "--tsv", run_tsv, "--",
+                     sys.executable, "-c", "import time; time.sleep(0.5)"])
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "nbmon")
+    shell.run_line_magic("resmon", f"--interval 0.05 --backend thread --tsv {magic_tsv}")
+    while SESSION.monitor.store.seq < 10:
+        time.sleep(0.05)
+    shell.run_line_magic("resmon", "stop")
+    stored = SESSION.monitor.store.seq
+    monitor = nbmon.monitor(interval=0.05, tsv=monitor_tsv)
+    while monitor.store.seq < 10:
+        time.sleep(0.05)
+    SESSION.stop()
+    print(json.dumps({"code": code, "magic_samples": stored, "monitor_samples": monitor.store.seq,
+                      "run_help": cli._parser()._subparsers._group_actions[0].choices["run"].format_help(),
+                      "magic_help": ResmonMagics.resmon.__doc__}))
+"""
+
+
+def test_a_sink_added_to_the_table_reaches_every_front_end(tmp_path):
+    """The newcomer's change for a new sink: one entry in nbmon.senders.SINKS
+    (here a TSV writer, made before the front ends are imported, as an entry
+    in the file would be). ``nbmon run --tsv``, ``%resmon --tsv`` and
+    ``nbmon.monitor(tsv=...)`` each write every sample there, and both
+    front ends' help names it."""
+    paths = [tmp_path / name for name in ("run.tsv", "magic.tsv", "monitor.tsv")]
+    done = run_python(TSV_SINK, *paths, timeout=180)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["code"] == 0
+    run_lines, magic_lines, monitor_lines = ([line.split("\t") for line in p.read_text().splitlines()] for p in paths)
+    assert len(run_lines) >= 3 and all(float(rss) > 0 for _, rss in run_lines)
+    assert len(magic_lines) == got["magic_samples"] >= 10   # every sample of the run, once
+    assert len(monitor_lines) == got["monitor_samples"] >= 10
+    for text in (got["run_help"], got["magic_help"]):
+        assert re.search(r"--tsv PATH\s+stream every sample to this TSV file", text), text
+
+
+def test_resmon_streams_every_sample_of_its_monitor(ip, tmp_path):
+    csv_path, jsonl_path = tmp_path / "k.csv", tmp_path / "k.jsonl"
+    with capture_output():
+        ip.run_line_magic("resmon", f"--interval 0.05 --backend thread --csv {csv_path} --jsonl '{jsonl_path}'")
+    monitor = SESSION.monitor
+    wait_until(lambda: monitor.store.seq >= 5, what="five samples")
+    with capture_output():
+        ip.run_line_magic("resmon", "stop")
+    wall = monitor.store.rows_since(0)[1].tolist()
+    header, rows = csv_rows(csv_path)
+    assert header[2:] == list(monitor.fields)
+    assert [float(r[0]) for r in rows] == wall
+    assert [json.loads(line)["time"] for line in jsonl_path.read_text().splitlines()] == wall
+
+
+def test_resmon_keeps_an_existing_file_unless_forced_and_never_writes_through_a_link(ip, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    planted = tmp_path / "k.csv"
+    planted.symlink_to(victim)
+    with capture_output() as cap, pytest.raises(UsageError) as info:
+        ip.run_line_magic("resmon", f"--interval 0.05 --csv {planted}")
+    assert str(info.value) == f"output file {str(planted)!r} already exists (add --force to replace it)"
+    assert cap.outputs == [] and (SESSION.monitor is None or not SESSION.monitor.running)
+    with capture_output():
+        ip.run_line_magic("resmon", f"--interval 0.05 --backend thread --csv {planted} --force")
+    wait_until(lambda: SESSION.monitor.store.seq >= 3, what="three samples")
+    with capture_output():
+        ip.run_line_magic("resmon", "stop")
+    assert victim.read_text() == "precious\n" and not planted.is_symlink()
+    assert len(csv_rows(planted)[1]) == SESSION.monitor.store.seq
+
+
+def test_nbmon_monitor_streams_to_the_files_it_is_given(tmp_path):
+    path = tmp_path / "kernel.jsonl"
+    monitor = nbmon.monitor(interval=0.05, gpu=False, jsonl=str(path))
+    try:
+        wait_until(lambda: monitor.store.seq >= 5, what="five samples")
+    finally:
+        SESSION.stop()
+    assert [json.loads(line)["time"] for line in path.read_text().splitlines()] == \
+        monitor.store.rows_since(0)[1].tolist()
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"csv": "keep.csv"}, "output file 'keep.csv' already exists (pass overwrite=True to replace it)"),
+    ({"jsonl": "new.jsonl", "intervall": 1}, "unknown option(s) 'intervall'"),
+    ({"jsonl": "new.jsonl", "csv": "./new.jsonl"}, "each output needs its own file: 'new.jsonl', './new.jsonl'"),
+])
+def test_nbmon_monitor_refuses_a_sink_before_anything_starts(tmp_path, monkeypatch, settings, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "keep.csv").write_text("precious\n")
+    with pytest.raises(ValueError) as info:
+        nbmon.monitor(interval=0.05, **settings)
+    assert str(info.value) == message
+    assert SESSION.monitor is None or not SESSION.monitor.running
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"keep.csv": "precious\n"}

@@ -9,7 +9,6 @@ No IPython import: the shell and IPython's ``display`` are handed in by
 """
 from __future__ import annotations
 
-import math
 import sys
 
 from .. import postmortem
@@ -17,12 +16,14 @@ from ..blackbox import SLOTS, BlackBox, CellNote
 from ..memwarn import MemoryWatch
 from ..render import html_table, text_table
 from ..store import BUCKET, Store
+from ..values import NAN
 from .charts import Record, record_timeline
 
 LABEL_CHARS = 60
 
 
-def _first_line(source: str) -> str:
+def first_line(source: str) -> str:
+    """A cell's label: its first line that is not blank, at most LABEL_CHARS long."""
     return next((line.strip() for line in (source or "").splitlines() if line.strip()), "")[:LABEL_CHARS]
 
 
@@ -65,7 +66,7 @@ def death_record(death: postmortem.Death) -> Record:
         store = Store(columns, max_bytes=8 * max(SLOTS, 8 * BUCKET) * (len(columns) + 2))
         window = store.open_window()
         for wall, values in death.records:
-            store.append(wall, wall, [values.get(c, math.nan) for c in columns])
+            store.append(wall, wall, [values.get(c, NAN) for c in columns])
         timeline = record_timeline(store, window.stats())
     title, rows = death.title(), death.rows() + ([timeline.legend] if timeline is not None else [])
     return Record(html_table(title, rows, status="failed"), text_table(title, rows), timeline)
@@ -79,7 +80,7 @@ def install(shell, display) -> None:
     of this notebook's last kernel with ``display`` if it died unseen."""
     if id(shell) not in _hooks:
         def started(info):
-            WATCH.cell.started(shell.execution_count, _first_line(info.raw_cell))
+            WATCH.cell.started(shell.execution_count, first_line(info.raw_cell))
 
         def finished(_result):
             WATCH.cell.finished()

@@ -227,13 +227,12 @@ class ResmonMagics(Magics):
         monitor = SESSION.monitor
         if monitor is None:
             return
-        first = next((line.strip() for line in (info.raw_cell or "").splitlines() if line.strip()), "")
         from .dashboard import keep_cells
 
         now = monitor.clock()
         keep_cells(self.cells, now, max(d.window_s for d, *_ in self.dashboards))
         self.cells.append({"id": uuid.uuid4().hex[:12], "n": self.shell.execution_count,
-                           "label": first[:60], "t0": now, "t1": None})
+                           "label": kernel_watch.first_line(info.raw_cell), "t0": now, "t1": None})
 
     def _cell_finished(self, result) -> None:
         monitor = SESSION.monitor

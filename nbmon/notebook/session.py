@@ -91,7 +91,7 @@ def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = F
         nbmon.monitor(jsonl="kernel.jsonl")
         nbmon.monitor(consumers=[my_sender])
     """
-    outputs = {name: settings.pop(name) for name in _SINK_NAMES if name in settings}
+    outputs = {name: settings.pop(name) for name in list(settings) if name in _SINK_NAMES}
     options = Options.of(options, **settings)   # refused before any file is made
     streams = open_streams({k: v for k, v in outputs.items() if v is not None}, overwrite,
                            "pass overwrite=True to replace it")
