@@ -27,11 +27,12 @@ import time
 import warnings
 from contextlib import contextmanager
 
-from . import options as opts, postmortem, ranks, senders
+from . import options as opts, postmortem, ranks
 from .engine import Monitor
 from .format import printable
 from .options import Options, check_interval
-from .senders import SINKS, Ended, check_outputs, open_stream
+from .senders import FORCE_HINT, SINKS, Ended, check_outputs, open_stream, outputs_given
+from .senders import arguments as sink_arguments
 from .sources.cgroup import OwnGroup
 from .sources.proctree import EXCLUDED, all_thread_child_pids
 from .values import NAN, known
@@ -39,7 +40,6 @@ from .summary import ResourceSummary
 
 VERBS = ("run", "demo", "report", "postmortem")
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
-REPLACE_HINT = "add --force to replace it"
 
 
 class UsageError(Exception):
@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="nbmon", description="CPU, memory and GPU of a command's whole process tree.")
     sub = p.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run CMD under the monitor", usage="nbmon run [options] -- CMD [ARGS...]")
-    for args, kwargs in (*opts.arguments(opts.CLI), *senders.arguments(opts.CLI)):
+    for args, kwargs in (*opts.arguments(opts.CLI), *sink_arguments(opts.CLI)):
         run.add_argument(*args, **kwargs)
     run.add_argument("--quiet", action="store_true", help="do not print the summary")
     run.add_argument("--cgroup", action="store_true",
@@ -115,7 +115,7 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
     sample (a rank's). Returns the exit code nbmon exits with."""
     outputs = {k: v for k, v in (outputs or {}).items() if v is not None}
     with _refused():
-        check_outputs(outputs, force, REPLACE_HINT)
+        check_outputs(outputs, force, FORCE_HINT)
     if not argv:
         raise UsageError("missing command: nbmon run [options] -- CMD [ARGS...]")
     # A path that exists but cannot run is 126 (Popen says why), as in a shell, not "not found".
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         if ns.verb == "demo":
             return run([sys.executable, "-m", "nbmon.demo"], options, {"html": ns.html}, force=ns.force)
         command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-        outputs = senders.outputs_given(ns, opts.CLI)
+        outputs = outputs_given(ns, opts.CLI)
         with _refused():
             tags = ranks.run_tags(ns.rank_dir, ns.rank, outputs)
         return run(command, options, outputs, force=ns.force, quiet=ns.quiet, tags=tags,
@@ -348,7 +348,7 @@ def _postmortem() -> int:
 def _report(ns) -> int:
     """``nbmon report``: the ranks' table on stdout, and the page with --html."""
     with _refused():
-        check_outputs({"html": ns.html} if ns.html else {}, ns.force, REPLACE_HINT)
+        check_outputs({"html": ns.html} if ns.html else {}, ns.force, FORCE_HINT)
     try:
         period_s = None if ns.period is None else check_interval(ns.period, "--period")
         frame = ranks.read_ranks(ns.ranks, period_s=period_s)

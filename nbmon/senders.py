@@ -171,6 +171,7 @@ class CallbackSender:
 # -- the sinks: files nbmon writes for the user, one table ---------------------------------
 
 MONITOR = "nbmon.monitor()"   # the third front end: its keywords (csv="kernel.csv")
+FORCE_HINT = "add --force to replace it"   # how the flag front ends replace a file (arguments())
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,8 +201,9 @@ class Sink:
     (``--csv``, ``--summary-json``) and keyword (``nbmon.monitor(csv=...)``).
     A stream gets every sample as it is taken: ``open(path, overwrite=)``
     makes its sender. A report is written once, when the run has ended:
-    ``write(path, ended, overwrite)``. Neither writes through a link planted
-    at the path, nor replaces a file unless told (:mod:`nbmon.files`).
+    ``write(path, ended, overwrite)``, so only ``nbmon run``, which knows
+    the run's end, offers reports. Neither writes through a link planted at
+    the path, nor replaces a file unless told (:mod:`nbmon.files`).
     ``offered``: the front ends that have it."""
 
     name: str
@@ -225,9 +227,9 @@ SINKS: dict[str, Sink] = {sink.name: sink for sink in (
 )}
 
 
-def sinks(front_end: str, *, streams_only: bool = False) -> list[Sink]:
+def sinks(front_end: str) -> list[Sink]:
     """The sinks ``front_end`` offers, in table order."""
-    return [s for s in SINKS.values() if front_end in s.offered and not (streams_only and s.open is None)]
+    return [s for s in SINKS.values() if front_end in s.offered]
 
 
 def arguments(front_end: str) -> list[tuple[tuple[str, ...], dict]]:

@@ -179,16 +179,15 @@ class ResmonMagics(Magics):
         if args.dask:
             _only([senders.SINKS[name].flag for name in outputs], "the kernel's monitor, not to --dask")
             return self._watch_cluster(args.dask, options, window)
-        replace = "add --force to replace it"
         try:
-            senders.check_outputs(outputs, args.force, replace)   # refused before anything starts
+            senders.check_outputs(outputs, args.force, senders.FORCE_HINT)   # refused before anything starts
         except ValueError as err:
             raise UsageError(str(err)) from None
         if not hasattr(args, "backend"):
             options = Options.of(options, backend=DEFAULT_BACKEND)
         self._start(options, window, interval_given=hasattr(args, "interval"))
         try:
-            streams = senders.open_streams(outputs, args.force, replace)
+            streams = senders.open_streams(outputs, args.force, senders.FORCE_HINT)
         except ValueError as err:   # made meanwhile, or the disk went
             raise UsageError(str(err)) from None
         for stream in streams:

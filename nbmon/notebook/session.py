@@ -101,7 +101,7 @@ def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = F
     return running
 
 
-_SINK_NAMES = tuple(sink.name for sink in sinks(MONITOR, streams_only=True))
+_SINK_NAMES = tuple(sink.name for sink in sinks(MONITOR))
 
 
 def history(workers: bool = False):
