@@ -26,8 +26,8 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from .faults import FaultLog, source_name
+from .values import NAN
 
-NAN = math.nan
 STOP_GRACE_S = 0.1  # stop() waits one interval plus this for the thread to end
 
 

@@ -17,7 +17,6 @@ writes calibrax's keys); ``monitor.summary()`` has all of nbmon's.
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 import time
 from typing import Protocol, runtime_checkable
@@ -27,11 +26,10 @@ import psutil
 from ..engine import Monitor
 from ..options import check_interval
 from ..summary import ResourceSample, ResourceSummary
-from ..values import known, reading
+from ..values import NAN, known, reading
 
 __all__ = ["GPUProfilerProtocol", "ResourceMonitor", "ResourceSample", "ResourceSummary"]
 
-NAN = math.nan
 # ResourceSummary's first nine fields are calibrax's; the rest are nbmon's.
 _NBMON_FIELDS = tuple(f.name for f in dataclasses.fields(ResourceSummary))[9:]
 

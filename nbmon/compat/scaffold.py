@@ -30,6 +30,7 @@ from ..engine import Monitor
 from ..options import check_interval, check_pid
 from ..sources import gpus
 from ..sources.proctree import ProcessTree
+from ..values import NAN
 from .calibrax import ThreadView
 
 __all__ = ["AbstractBackendSender", "GPUHandle", "SamplerDict", "StatsDict", "SystemMonitor"]
@@ -40,7 +41,6 @@ StatsDict = Dict[str, Union[float, Dict[str, Any]]]
 
 MAX_SAMPLE_INTERVAL_S = 0.5
 TREE_PREFIX = "tree_"  # store columns of the whole tree (tree=True) beside the pid's own
-NAN = float("nan")
 # scaffold's keys, in its order. A GPU's come in scaffold's two groups (two
 # NVML reads), each left out whole when one of its figures is unknown.
 _GPU_GROUPS = (("gpu.{i}.gpu", "gpu.{i}.memory", "gpu.{i}.memoryAllocated", "gpu.{i}.temp"),

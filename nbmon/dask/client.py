@@ -15,7 +15,7 @@ import os
 import time
 import uuid
 
-from ..options import Options
+from ..options import DEFAULT_WINDOW_S, Options
 from ..summary import ResourceSummary
 from .feeds import DEFAULT_WORKER_MAX_BYTES, Collector
 from .worker import NbmonPlugin, Roster, close_span, nbmon_threads, open_span, roster_name
@@ -167,7 +167,7 @@ class Watch:
         return rows
 
     # -- showing it --------------------------------------------------------------
-    def view(self, window_s: float = 600.0, *, start: bool = True):
+    def view(self, window_s: float = DEFAULT_WINDOW_S, *, start: bool = True):
         """A new live view of the cluster (a plotly FigureWidget underneath);
         ``start=False``: its refresher waits for ``view.start()`` (after display)."""
         from ..notebook.cluster import ClusterView

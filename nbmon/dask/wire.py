@@ -19,15 +19,14 @@ No Dask here: the worker plugin, the collector and the benchmark share it.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from .. import catalog
+from ..values import NAN
 
 VERSION = 1
 HEADER_EVERY = 10
-NAN = math.nan
 
 
 def is_counter(column: str) -> bool:

@@ -35,10 +35,9 @@ from .. import catalog, runtime
 from ..engine import Monitor
 from ..options import Options
 from ..sources.machine import Machine
+from ..values import MIB, NAN
 from .wire import HEADER_EVERY, Encoder
 
-MIB = 1024.0 * 1024.0
-NAN = math.nan
 TAKEOVER_S = 2.0   # how often a host's other processes try to take the machine over
 # A batch every 1.5 heartbeats at least. Dask spaces heartbeats out as the
 # cluster grows (0.5 s up to 10 workers, 2 s up to 200, n/200 + 1 s beyond),

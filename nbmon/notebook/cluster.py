@@ -31,6 +31,7 @@ import numpy as np
 from .. import catalog, files
 from ..dask.wire import shown_column
 from ..format import fmt
+from ..options import DEFAULT_WINDOW_S
 from ..render import FG, MUTED, svg_timeline
 from .charts import PALETTE, ROWS
 from .frames import DEFAULT_BUDGET, MAX_FRAME_BYTES, build_frame, frame_bytes, minmax_indices
@@ -123,7 +124,7 @@ class ClusterView:
     :meth:`refresh` by hand) and ends by itself, after a last frame, once
     the watch stops."""
 
-    def __init__(self, watch, window_s: float = 600.0, refresh_hz: float = 4.0, *, start: bool = True):
+    def __init__(self, watch, window_s: float = DEFAULT_WINDOW_S, refresh_hz: float = 4.0, *, start: bool = True):
         for name, value in (("window_s", window_s), ("refresh_hz", refresh_hz)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:

@@ -46,6 +46,7 @@ import numpy as np
 
 from .. import catalog, files
 from ..format import fmt
+from ..options import DEFAULT_WINDOW_S
 from ..render import html_table, png_img, text_table
 from .charts import ROWS, Record, record_timeline, traces_for
 from .frames import DEFAULT_BUDGET, build_frame, frame_bytes
@@ -350,7 +351,7 @@ class Dashboard:
     ``last_error``), never raised from the thread.
     """
 
-    def __init__(self, monitor, window_s: float = 600.0, refresh_hz: float = DEFAULT_REFRESH_HZ,
+    def __init__(self, monitor, window_s: float = DEFAULT_WINDOW_S, refresh_hz: float = DEFAULT_REFRESH_HZ,
                  budget_per_trace: int = DEFAULT_BUDGET, *, start: bool = True, build: bool = True,
                  cells: list | None = None):
         for name, value in (("window_s", window_s), ("refresh_hz", refresh_hz)):

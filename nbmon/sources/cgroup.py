@@ -17,9 +17,9 @@ import os
 import time
 
 from .. import catalog
+from ..options import SLOW_EVERY_S
+from ..values import MIB, NAN
 
-NAN = math.nan
-MIB = 1024.0 * 1024.0
 _V1_UNLIMITED = 1 << 62   # v1 writes "no limit" as a page-rounded LONG_MAX
 
 
@@ -129,7 +129,7 @@ class Cgroup:
     name = "cgroup"
     caller_safe = True  # reads /proc and /sys only: cannot get stuck
 
-    def __init__(self, pid: int | None = None, *, slow_every_s: float = 1.0, dirs: dict[str, str] | None = None):
+    def __init__(self, pid: int | None = None, *, slow_every_s: float = SLOW_EVERY_S, dirs: dict[str, str] | None = None):
         self.pid = os.getpid() if pid is None else pid
         self.fields = catalog.names(catalog.CGROUP)
         self.slow_every_s = slow_every_s

@@ -20,13 +20,12 @@ the first's.
 """
 from __future__ import annotations
 
-import math
 import os
 
 from .. import catalog
 from . import nvml
+from ..values import NAN
 
-NAN = math.nan
 VENDORS = (nvml,)
 
 

@@ -13,10 +13,10 @@ import os
 import sys
 
 from .. import catalog
+from ..options import SLOW_EVERY_S
+from ..values import MIB, NAN
 from .procfs import ProcFile
 
-NAN = math.nan
-MIB = 1024.0 * 1024.0
 SECTOR_BYTES = 512  # /proc/diskstats counts 512-byte sectors, whatever the device's own size
 COUNTERS = ("sys_disk_read_bytes", "sys_disk_write_bytes", "sys_net_sent_bytes", "sys_net_recv_bytes")
 
@@ -30,7 +30,7 @@ class Machine:
     name = "machine"
     caller_safe = True  # reads /proc and /sys only: cannot get stuck
 
-    def __init__(self, *, disk_path: str = "/", slow_every_s: float = 1.0,
+    def __init__(self, *, disk_path: str = "/", slow_every_s: float = SLOW_EVERY_S,
                  use_proc: bool | None = None):
         if use_proc is None:
             use_proc = sys.platform.startswith("linux") and os.path.exists("/proc/meminfo")

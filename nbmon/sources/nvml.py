@@ -14,15 +14,13 @@ pynvml looks (``libnvidia-ml.so.1`` on the loader path).
 """
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import threading
 
 from .. import catalog
+from ..values import MIB, NAN
 
-NAN = math.nan
-MIB = 1024.0 * 1024.0
 
 _lock = threading.Lock()
 _init_pid: int | None = None

@@ -64,12 +64,12 @@ import time
 from typing import NamedTuple
 
 from .. import catalog
+from ..options import SLOW_EVERY_S
+from ..values import MIB, NAN
 from .cgroup import cgroup_dirs, cpu_limit
 from .peaks import PeakMark
 from .procfs import CHILDREN_SIZE, GONE, ProcFile, read_path, read_path_released
 
-NAN = math.nan
-MIB = 1024.0 * 1024.0
 _LOGICAL_CPUS = os.cpu_count() or 1
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") / 1024.0
@@ -330,7 +330,7 @@ class ProcessTree:
     caller_safe = True  # reads /proc and /sys only: cannot get stuck
 
     def __init__(self, pid: int | None = None, *, children: bool = True,
-                 exact_peaks: bool = False, slow_every_s: float = 1.0,
+                 exact_peaks: bool = False, slow_every_s: float = SLOW_EVERY_S,
                  use_proc: bool | None = None, adopt: bool = False):
         self.pid = os.getpid() if pid is None else int(pid)
         self.fields = catalog.names(catalog.TREE)
