@@ -54,10 +54,17 @@ from dashboard_page import (INIT_SCRIPT, browser_pids, cpu_seconds, execute_time
 START = {"cold": ["%load_ext nbmon", "%resmon"],
          "warm": ["%load_ext nbmon", "import time; time.sleep(5)", "%resmon"]}
 AGE = ["%load_ext nbmon", "%resmon"]
+PLAIN = "no nbmon"   # the cells table's column of the page alone
 
 
-def cells_notebook(n: int) -> list[str]:
-    return ["%load_ext nbmon", "%resmon"] + ["x = 1"] * n
+def cells_notebook(n: int, nbmon: bool = True) -> list[str]:
+    return (["%load_ext nbmon", "%resmon"] if nbmon else ["x = 0"]) + ["x = 1"] * n
+
+
+def settle_s(n: int) -> float:
+    """How long JupyterLab itself stays busy after Run All of n cells (measured
+    without nbmon: a renderer at ~100 % for ~40 s after 1,000 cells, then ~0.7 %)."""
+    return max(5.0, 0.06 * n)
 
 
 def write(root: Path, notebooks: dict[str, list[str]]) -> None:
@@ -70,14 +77,15 @@ def write(root: Path, notebooks: dict[str, list[str]]) -> None:
                        root / f"{name}.ipynb")
 
 
-def open_and_run(browser, lab, name: str):
+def open_and_run(browser, lab, name: str, chart: bool = True):
     page = browser.new_page(viewport={"width": 1300, "height": 1000})
     page.add_init_script(INIT_SCRIPT)
     page.goto(f"{lab.url}/lab/tree/{name}.ipynb?reset&token={lab.token}", timeout=120_000)
     page.locator("#jp-main-statusbar").get_by_text("(ipykernel) | Idle").wait_for(timeout=120_000)
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-    wait_for(lambda: page.evaluate("window.__nbmonMarks.chart"), 120, "a chart with data")
+    if chart:
+        wait_for(lambda: page.evaluate("window.__nbmonMarks.chart"), 120, "a chart with data")
     return page
 
 
@@ -128,16 +136,20 @@ def start_run(browser, lab, name: str, idle_s: float) -> dict:
         close(page, lab)
 
 
-def cells_run(browser, lab, n: int, idle_s: float) -> dict:
-    page = open_and_run(browser, lab, f"cells-{n}")
+def cells_run(browser, lab, n: int, idle_s: float, nbmon: bool = True) -> dict:
+    """After Run All of n quick cells (``nbmon``: after %resmon; else the page
+    alone), once JupyterLab has settled, with the dashboard in view."""
+    page = open_and_run(browser, lab, f"cells-{n}" if nbmon else f"plain-{n}", chart=nbmon)
     try:
         replies = "window.__nbmonFrames.filter((f) => f.type === 'execute_reply').length"
-        wait_for(lambda: page.evaluate(replies) >= n + 2, 1200, f"{n} cells to run")
-        # Run All scrolled to the last cell: the dashboard back in view (out of it, it draws nothing)
-        page.evaluate("document.querySelector('.nbmon-live-record').scrollIntoView()")
-        page.wait_for_timeout(5000)   # settle: the last record update
-        box = page.locator(".nbmon-live-record").first.bounding_box()
-        assert box and 0 <= box["y"] < 1000, f"the dashboard is out of view: {box}"
+        wait_for(lambda: page.evaluate(replies) >= n + (2 if nbmon else 1), 1200, f"{n} cells to run")
+        # Run All scrolled to the last cell: back to the top, where the dashboard
+        # is (out of view it draws nothing; JupyterLab renders only the cells in view)
+        page.evaluate("document.querySelector('.jp-WindowedPanel-outer').scrollTop = 0")
+        page.wait_for_timeout(settle_s(n) * 1000)
+        if nbmon:
+            box = page.locator(".nbmon-live-record").first.bounding_box()
+            assert box and 0 <= box["y"] < 1000, f"the dashboard is out of view: {box}"
         return measure(page, idle_s, {"Chromium": browser_pids(os.getpid())})
     finally:
         close(page, lab)
@@ -211,10 +223,11 @@ def main() -> None:
     variants = {f"after ({commit(HERE)})": None}
     if args.before:
         variants = {f"before ({commit(args.before)})": args.before, **variants}
-    notebooks = {**START, "age": AGE, **{f"cells-{n}": cells_notebook(n) for n in cell_counts}}
+    notebooks = {**START, "age": AGE, **{f"cells-{n}": cells_notebook(n) for n in cell_counts},
+                 **{f"plain-{n}": cells_notebook(n, nbmon=False) for n in cell_counts}}
     load_before = os.getloadavg()
     started = {v: {name: [] for name in START} for v in variants}
-    by_cells = {v: {n: [] for n in cell_counts} for v in variants}
+    by_cells = {v: {n: [] for n in cell_counts} for v in [*variants, PLAIN]}
     by_age = {}
     with tempfile.TemporaryDirectory() as tmp:
         labs = {}
@@ -232,6 +245,8 @@ def main() -> None:
                             for n in cell_counts:
                                 by_cells[variant][n].append(cells_run(browser, lab, n, args.idle))
                                 print(variant, n, "cells", by_cells[variant][n][-1], file=sys.stderr)
+                    for n in cell_counts:   # the page alone, once: what JupyterLab itself costs
+                        by_cells[PLAIN][n].append(cells_run(browser, lab, n, args.idle, nbmon=False))
                     if ages:
                         for variant, lab in labs.items():
                             by_age[variant] = age_run(browser, lab, ages, args.idle)
@@ -257,9 +272,12 @@ def main() -> None:
         *table([(f"{v}, {name} ({what[name]})", started[v][name]) for name in START for v in variants], start_keys),
         ""]
     if cell_counts:
-        lines += [f"By cells executed: `%resmon`, N cells `x = 1` (Run All), then {args.idle:g} s idle; "
-                  f"{args.runs} run(s) each.", "",
-                  *table([(f"{v}, {n} cells", by_cells[v][n]) for n in cell_counts for v in variants], costs), ""]
+        lines += [f"By cells executed: `%resmon`, N cells `x = 1` (Run All), JupyterLab left to settle "
+                  f"(max(5 s, 0.06 s a cell): it is busy itself after many cells), the dashboard scrolled back "
+                  f"into view, then {args.idle:g} s idle; {args.runs} run(s) each, and once the same notebook "
+                  "without nbmon (the page alone).", "",
+                  *table([(f"{v}, {n} cells", by_cells[v][n]) for n in cell_counts for v in [*variants, PLAIN]],
+                         costs), ""]
     if by_age:
         lines += [f"By chart age: one dashboard per variant (600 s window, 10 Hz: full from 10 min) open "
                   f"{ages[-1]:g} min, each figure over the {args.idle:g} s before its age; one run per variant.", "",
