@@ -299,7 +299,7 @@ def test_demo(tmp_path):
     assert "demo: done" in done.stdout
     # A root and a child that exits: never "exact" for a tree; the figure is the larger moment.
     peak = re.search(r"Peak memory \((upper bound|sampled)\) +(\d+) MiB", done.stderr)
-    assert peak and 170 <= int(peak.group(2)) < 230, done.stderr
+    assert peak and 160 <= int(peak.group(2)) < 230, done.stderr   # the 160 MiB spike is in it, the child not added
     assert "exited with 0" in done.stderr
 
 

@@ -129,7 +129,8 @@ class Cgroup:
     name = "cgroup"
     caller_safe = True  # reads /proc and /sys only: cannot get stuck
 
-    def __init__(self, pid: int | None = None, *, slow_every_s: float = SLOW_EVERY_S, dirs: dict[str, str] | None = None):
+    def __init__(self, pid: int | None = None, *, slow_every_s: float = SLOW_EVERY_S,
+                 dirs: dict[str, str] | None = None):
         self.pid = os.getpid() if pid is None else pid
         self.fields = catalog.names(catalog.CGROUP)
         self.slow_every_s = slow_every_s
