@@ -29,7 +29,8 @@ MODULES = sorted(dotted(p) for p in PACKAGE.rglob("*.py"))
 # layers. A module may import only modules listed before it.
 LAYERS = (
     "values", "catalog", "options", "format", "render", "faults", "runtime", "files",
-    "sources.procfs", "sources.peaks", "sources.cgroup", "sources.proctree", "sources.machine",
+    "sources.procfs", "sources.memory", "sources.pstree", "sources.peaks", "sources.cgroup",
+    "sources.proctree", "sources.machine",
     "sources.nvml", "sources.gpus", "sources",
     "sampler", "helper", "store", "summary", "senders", "consumers", "tables",
     "blackbox", "memwarn", "postmortem", "engine",

@@ -10,6 +10,7 @@ nbmon must not change), and ``wait4``'s accounts (what ``/usr/bin/time``
 reads). Each scenario reproduces one that was wrong before."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -103,6 +104,23 @@ class Workload:
     def go(self) -> None:
         self._mark("go")
 
+    def span(self, *around, **options):
+        """Once ready: a Monitor on it (``options`` over interval 0.1 s, no
+        GPU) and a span from its go to its done, inside the context managers
+        ``around`` (a PssPoller); then it may end. (The span's summary, the
+        monitor's latest sample before the go.)"""
+        self.wait("ready")
+        with Monitor(self.pid, **{"interval": 0.1, "gpu": False, **options}) as mon, contextlib.ExitStack() as stack:
+            for manager in around:
+                stack.enter_context(manager)
+            before = mon.latest()
+            span = mon.window()
+            self.go()
+            self.wait("done")
+            summary = span.close()
+        self._mark("end")
+        return summary, before
+
     def close(self) -> None:
         try:
             self.proc.wait(60)
@@ -146,13 +164,9 @@ def test_forked_workers_count_their_parents_array_once(tmp_path):
     the test makes, limited to 3 GiB) is compared with its own usage."""
     with MemoryCgroup(limit_mb=3072) as group:
         work = Workload(FORKED_POOL, tmp_path, cgroup=group)
+        truth = PssPoller(work.pid)
         try:
-            work.wait("ready")
-            with Monitor(work.pid, interval=0.1, gpu=False) as mon, PssPoller(work.pid) as truth:
-                span = mon.window()
-                work.go()
-                work.wait("done")
-                summary = span.close()
+            summary, _ = work.span(truth)
         finally:
             work.close()
         container_peak = group.peak_mb()
@@ -206,13 +220,9 @@ def test_a_segment_three_processes_map_counts_once(tmp_path):
     script = SHARED_SEGMENT.replace('sys.argv[1] + ".shm"', repr(prefix))
     with MemoryCgroup() as group:
         work = Workload(script, tmp_path, cgroup=group)
+        truth = PssPoller(work.pid)
         try:
-            work.wait("ready")
-            with Monitor(work.pid, interval=0.1, gpu=False, system=False) as mon, PssPoller(work.pid) as truth:
-                span = mon.window()
-                work.go()
-                work.wait("done")
-                summary = span.close()
+            summary, _ = work.span(truth, system=False)
         finally:
             work.close()
             os.unlink(prefix)
@@ -242,13 +252,7 @@ while not os.path.exists(sys.argv[1] + ".end"):
 def test_a_memory_mapped_file_read_through_is_page_cache(tmp_path):
     work = Workload(MEMMAP, tmp_path)
     try:
-        work.wait("ready")
-        with Monitor(work.pid, interval=0.1, gpu=False, system=False) as mon:
-            span = mon.window()
-            work.go()
-            work.wait("done")
-            summary = span.close()
-        open(work.prefix + ".end", "w").close()
+        summary, _ = work.span(system=False)
     finally:
         work.close()
     assert 512 - 16 <= summary.file_growth_mb <= 512 + 16, summary   # the file's size: the truth
@@ -356,14 +360,8 @@ def test_a_short_childs_300_mib_is_in_the_peak_and_the_label_holds(tmp_path, how
         trial_dir.mkdir()
         work = Workload(SHORT_CHILD.format(child=CHILD_300, how=how), trial_dir)
         try:
-            work.wait("ready")
-            with Monitor(work.pid, interval=0.1, gpu=False, system=False) as mon:
-                root_mib = mon.latest()["proc_pss_mb"]
-                span = mon.window()
-                work.go()
-                work.wait("done")
-                summary = span.close()
-            open(work.prefix + ".end", "w").close()
+            summary, before = work.span(system=False)
+            root_mib = before["proc_pss_mb"]
         finally:
             work.close()
         child_mib = int(open(work.prefix + ".hwm").read()) / 1024

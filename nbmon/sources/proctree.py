@@ -4,41 +4,8 @@ On Linux the tree is read straight from /proc; elsewhere (and when /proc is
 unusable) through psutil. Every figure is a float, NaN where unknown. Units
 are in the field names.
 
-**Memory, shared pages counted once** (``proc_pss_mb``). Forked workers
-(multiprocessing's ``fork``, PyTorch's DataLoader) share their parent's
-pages until they write to them, and every process's RSS counts each shared
-page in full: a kernel holding a 1 GiB array with 4 forked readers has an
-RSS sum of 5 GiB and uses 1 GiB. The kernel's proportional set size (PSS,
-``/proc/<pid>/smaps_rollup``) gives each of *n* sharers 1/*n* of a shared
-page, so the tree's PSS sum counts it once. A walk of ``smaps_rollup``
-costs about 11 ms per GiB of 4 KiB pages here, far too much for every
-sample, so the tree is walked on a budget (:data:`WALK_SHARE` of one core
-on average, walks paid from a bucket of :data:`WALK_BURST_S` seconds) when
-its membership changed or, at most every :data:`REFRESH_WALK_S`, when it
-ran; each process's *shared offset* (RSS minus PSS at its last walk) then
-stands between walks: ``proc_pss_mb`` is the sum over the tree of RSS minus
-the offset. A process found since the last walk that was forked (no exec:
-its code sits where its parent's does) counts as all shared until walked;
-one that was exec'd is walked at once when small (:data:`WALK_NOW_KB`),
-counted in full otherwise. The RSS sum stays as ``proc_rss_mb`` (what
-``top`` and psutil add up), split into anonymous, file-backed (page cache
-of mapped files: reclaimable) and shared-memory (/dev/shm, tmpfs) pages.
-
-**Peaks without side effects.** The kernel keeps each process's high-water
-mark (VmHWM); nbmon reads it and never resets it (a reset also resets what
-``getrusage``'s ``ru_maxrss``, ``/usr/bin/time -v`` and the user's own code
-read; :mod:`.peaks` does it only when asked, ``exact_peaks=True``). Per
-interval and process, the peak is *exact* when the mark rose in the
-interval (it then is the interval's peak) or when the process did not run
-(it cannot have grown); it is a *bracket* otherwise: at least the larger of
-the interval's two samples, at most the mark, and at most what the CPU time
-it used could have faulted in (:data:`FAULT_KB_PER_S`).
-``proc_pss_peak_mb`` is the sum over the tree of each process's best figure
-(exact, or sampled), ``proc_pss_peak_bound_mb`` the sum of the upper ends
-(NaN when a process's is unknown: it exited, or was missed). A summary
-turns these into "exact" (one process, and no interval's upper end above
-the highest peak: the mark rose in the span), "upper bound" (the same for
-several processes, whose own peaks need not have coincided) or "sampled".
+Memory (shared pages counted once) and peaks without side effects: see
+:mod:`.memory`.
 
 **Finding children.** A new process anywhere makes the last pid in
 ``/proc/loadavg`` change: only then are the children of every thread of
@@ -61,43 +28,24 @@ import resource
 import sys
 import threading
 import time
-from typing import NamedTuple
 
 from .. import catalog
 from ..options import SLOW_EVERY_S
-from ..values import MIB, NAN
+from ..values import NAN
 from .cgroup import cgroup_dirs, cpu_limit
+from .memory import (FAULT_KB_PER_S, SHARED_MOVE_MB, UNMAP_SLACK_KB, WALK_NOW_KB, Interval, Status, Walker, parse_status,
+                     rollup_kb, take)
 from .peaks import PeakMark
-from .procfs import CHILDREN_SIZE, GONE, ProcFile, read_path, read_path_released
+from .procfs import CHILDREN_SIZE, EXCLUDED, GONE, ProcFile, read_path, read_path_released
+from .pstree import PsutilBackend
 
 _LOGICAL_CPUS = os.cpu_count() or 1
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-_PAGE_KB = os.sysconf("SC_PAGE_SIZE") / 1024.0
 
 # Less CPU than this used by the monitored process's other threads since the
 # last sample counts as none: the two clocks are read a few µs apart.
 OTHERS_IDLE_S = 50e-6
-# The fastest a thread can fault in new memory (zeroed huge pages at memory
-# bandwidth): a process that ran t seconds cannot have grown by more than
-# t * FAULT_KB_PER_S, which closes the bracket of briefly-woken processes.
-# (Measured here: 25 GiB per CPU-second into huge pages; a faster machine does more.)
-FAULT_KB_PER_S = 64.0 * 1024 * 1024
-# smaps_rollup walks: on average at most this share of one core, ...
-WALK_SHARE = 0.005
-WALK_BURST_S = 0.25         # ... paid from a bucket this deep (the first walks come at once)
-REFRESH_WALK_S = 5.0        # a tree that ran is walked again at most this often (copy-on-write)
-WALK_NOW_KB = 64 * 1024.0   # a new exec'd process this small is walked when found
-WALK_S_PER_KB = 1.1e-8      # the first guess of a walk's cost (11 ms per GiB), then measured
 BUSY_SHARE = 0.01           # a process that used less of one CPU than this in an interval barely ran
-UNMAP_SLACK_KB = 1024.0    # a process whose shareable RSS fell by more than this is unmapping
-SHARED_MOVE_MB = 16.0       # shareable RSS (files, /dev/shm) moved this much since the last walk:
-SHARED_MOVE_SHARE = 0.05    # ... or by this share of it: walk again
-
-# nbmon's own helper processes (the process backend's sampler): never part of
-# a watched tree, though they are children of the process they watch.
-EXCLUDED: set[int] = set()
-
-
 def _cpu_clock_id(pid: int) -> int:
     # The kernel's per-process CPU clock (clock_getcpuclockid(3)), readable for
     # any pid: nanosecond CPU time instead of /proc's 10 ms ticks, which would
@@ -119,47 +67,8 @@ def _affinity(pid: int) -> frozenset:
         return frozenset(range(_LOGICAL_CPUS))
 
 
-def allowed_cpus(pid: int, cgroup: dict[str, str]) -> float:
-    """The CPUs ``pid`` may use: its affinity, capped by its cgroup's CPU quota."""
-    return _capped(float(len(_affinity(pid))), cpu_limit(cgroup))
-
-
 def _capped(cpus: float, quota: float) -> float:
     return min(cpus, quota) if quota == quota else cpus
-
-
-def _take(proc: "_Proc", status: "_Status", rss_kb: float) -> None:
-    proc.rss_kb = rss_kb
-    proc.anon_kb, proc.file_kb, proc.shmem_kb = status.anon_kb, status.file_kb, status.shmem_kb
-    proc.threads = status.threads
-
-
-class _Status(NamedTuple):
-    rss_kb: float
-    hwm_kb: float
-    anon_kb: float
-    file_kb: float
-    shmem_kb: float
-    threads: float
-
-
-_STATUS_KEYS = (b"VmRSS:", b"VmHWM:", b"RssAnon:", b"RssFile:", b"RssShmem:")
-
-
-def parse_status(text: bytes) -> _Status:
-    """The memory figures of /proc/<pid>/status (kB; a zombie has none: 0)."""
-    values = []
-    for key in _STATUS_KEYS:
-        at = text.find(key)
-        values.append(float(text[at + len(key):text.index(b"kB", at)]) if at >= 0 else 0.0)
-    at = text.find(b"Threads:")
-    threads = float(text[at + 8:text.index(b"\n", at)]) if at >= 0 else 0.0
-    return _Status(*values, threads)
-
-
-def _rollup_kb(text: bytes, key: bytes) -> float:
-    at = text.find(key)
-    return float(text[at + len(key):text.index(b"kB", at)]) if at >= 0 else NAN
 
 
 class _Proc:
@@ -247,7 +156,7 @@ class _Proc:
             self.exited = int(fields[17]) <= 1
         return grown
 
-    def read_status(self) -> _Status:
+    def read_status(self) -> Status:
         return parse_status(self.status.read(4096))
 
     def read_io(self) -> None:
@@ -266,8 +175,8 @@ class _Proc:
     def walk(self) -> tuple[float, float, float]:
         """(Rss, Pss, private) in kB from smaps_rollup: the page-table walk (GIL released)."""
         text = read_path_released(f"/proc/{self.pid}/smaps_rollup")
-        private = _rollup_kb(text, b"\nPrivate_Clean:") + _rollup_kb(text, b"\nPrivate_Dirty:")
-        return _rollup_kb(text, b"\nRss:"), _rollup_kb(text, b"\nPss:"), private
+        private = rollup_kb(text, b"\nPrivate_Clean:") + rollup_kb(text, b"\nPrivate_Dirty:")
+        return rollup_kb(text, b"\nRss:"), rollup_kb(text, b"\nPss:"), private
 
     def close(self) -> None:
         self.stat.close()
@@ -339,7 +248,7 @@ class ProcessTree:
         self.slow_every_s = slow_every_s
         if use_proc is None:
             use_proc = sys.platform.startswith("linux") and os.path.exists(f"/proc/{self.pid}/stat")
-        self._backend = _ProcBackend(self) if use_proc else _PsutilBackend(self)
+        self._backend = _ProcBackend(self) if use_proc else PsutilBackend(self)
         self._want_reset = exact_peaks and use_proc
         self.peaks = "sampled"
         self.gone = 0            # processes of the tree that disappeared since start()
@@ -438,52 +347,6 @@ class ProcessTree:
         self._backend.abandon()
 
 
-class _Walker:
-    """When to walk the tree's smaps_rollup: a bucket of CPU seconds filled
-    at WALK_SHARE of wall time, and a per-kB cost learned from each walk."""
-
-    def __init__(self):
-        self.credit_s = WALK_BURST_S
-        self.s_per_kb = WALK_S_PER_KB
-        self.last_t = NAN
-        self.walked_t = -math.inf
-        self.wanted = True        # membership changed since the last walk
-        self.spent_s = 0.0        # CPU of every walk so far (benchmarks read it)
-        self.walks = 0
-        self.shared_mb = NAN      # file-backed and shared-memory RSS of the tree at the last walk
-        self._shared_now_mb = 0.0
-
-    def shared_now(self, mb: float) -> None:
-        """The tree's shareable RSS now: a walk is wanted once it moved by
-        more than SHARED_MOVE_MB or SHARED_MOVE_SHARE since the last walk."""
-        self._shared_now_mb = mb
-        if self.shared_mb == self.shared_mb and \
-                abs(mb - self.shared_mb) > max(SHARED_MOVE_MB, SHARED_MOVE_SHARE * self.shared_mb):
-            self.wanted = True
-
-    def cost_s(self, kb: float) -> float:
-        return kb * self.s_per_kb
-
-    def due(self, now: float, kb: float, ran: bool) -> bool:
-        if self.last_t == self.last_t:
-            self.credit_s = min(WALK_BURST_S, self.credit_s + (now - self.last_t) * WALK_SHARE)
-        self.last_t = now
-        if not (self.wanted or (ran and now - self.walked_t >= REFRESH_WALK_S)):
-            return False
-        return self.credit_s >= self.cost_s(kb)
-
-    def paid(self, now: float, cpu_s: float, kb: float, done: bool = True) -> None:
-        """A walk cost ``cpu_s``; ``done``: its figures were kept (else one is still wanted)."""
-        self.credit_s -= cpu_s
-        self.spent_s += cpu_s
-        self.walks += 1
-        if kb > 0:
-            self.s_per_kb = max(cpu_s / kb, 1e-12)
-        if done:
-            self.walked_t, self.wanted = now, False
-            self.shared_mb = self._shared_now_mb
-
-
 class _ProcBackend:
     """Linux: /proc read directly (see the module's docstring)."""
 
@@ -496,12 +359,11 @@ class _ProcBackend:
         self.root_alive = False
         self.root_is_self = tree.pid == os.getpid()
         self.errors: list[str] = []
-        self.walker = _Walker()
+        self.walker = Walker()
         self._reset = False
         self._loadavg: ProcFile | None = None
         self._last_pid = b""
         self._last_boot_s = NAN
-        self._children_maxrss_kb = 0.0
         self._reader, self._reader_s = 0, 0.0   # the thread that read the tree last, its CPU then
         self._memory: dict[str, float] = {}
         self._cap_cpus: set = set()
@@ -533,7 +395,6 @@ class _ProcBackend:
             self._meminfo = ProcFile("/proc/meminfo")
         except OSError:
             self._meminfo = None
-        self._children_maxrss_kb = self._own_children_maxrss()
 
     def _new(self, pid: int, parent: int | None) -> _Proc:
         """A process's files opened and its stat read; closed again on failure."""
@@ -568,7 +429,7 @@ class _ProcBackend:
         root_pid = self.tree.pid
         adjust_start_kb = self.orphan_share_kb - self.unproven_kb
         gone: list[_Proc] = []
-        interval = _Interval()
+        interval = Interval()
         shown_s = 0.0
         reader_s = None
         for proc in list(self.procs.values()):
@@ -633,7 +494,7 @@ class _ProcBackend:
             root.ran_s = max(others_s, 0.0) if root.ran else 0.0
         self._reader, self._reader_s = thread.ident, reader_s
 
-    def _read_cpu(self, proc: _Proc, interval: "_Interval", root_pid: int) -> None:
+    def _read_cpu(self, proc: _Proc, interval: Interval, root_pid: int) -> None:
         """Children's CPU of a process that ran (only a process that runs can
         reap), and whether it reaped a child nbmon never saw."""
         if proc.pid == root_pid and self.root_is_self:
@@ -644,7 +505,7 @@ class _ProcBackend:
         proc.grown_s += grown
         proc.scan = True
 
-    def _unseen_children(self, interval: "_Interval") -> None:
+    def _unseen_children(self, interval: Interval) -> None:
         """A process whose reaped children's CPU grew though it reaped none
         that nbmon knew of had a child that lived and died between samples."""
         for proc in self.procs.values():
@@ -653,12 +514,13 @@ class _ProcBackend:
                 if proc.pid == self.tree.pid and self.root_is_self:
                     interval.floor_kb = max(interval.floor_kb, self._own_children_maxrss())
 
-    def _own_children_maxrss(self) -> float:
-        kb = float(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-        self._children_maxrss_kb = max(self._children_maxrss_kb, kb)
-        return kb
+    @staticmethod
+    def _own_children_maxrss() -> float:
+        """The largest peak of this process's reaped children (kB): at least
+        what any of them held, at most what a new one can have held."""
+        return float(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 
-    def _read_memory(self, proc: _Proc, interval: "_Interval", slow: bool) -> None:
+    def _read_memory(self, proc: _Proc, interval: Interval, slow: bool) -> None:
         proc.start_kb, proc.start_off_kb = proc.rss_kb, proc.off_kb
         if not (proc.ran or slow or proc.start_kb == 0.0):
             interval.add(proc, proc.rss_kb, proc.rss_kb)  # did not run: it cannot have grown
@@ -693,10 +555,10 @@ class _ProcBackend:
         if status.file_kb + status.shmem_kb < proc.file_kb + proc.shmem_kb - UNMAP_SLACK_KB or \
                 status.hwm_kb == 0.0:
             interval.winding = True
-        _take(proc, status, rss)
+        take(proc, status, rss)
         interval.add(proc, peak, bound)
 
-    def _failed(self, proc: _Proc, err: OSError, interval: "_Interval") -> None:
+    def _failed(self, proc: _Proc, err: OSError, interval: Interval) -> None:
         self.errors.append(f"pid {proc.pid}: {err.strerror or err}")
         interval.add(proc, proc.rss_kb, NAN)
 
@@ -746,7 +608,7 @@ class _ProcBackend:
         return float(len(self._cap_cpus))
 
     # -- processes that went -------------------------------------------------
-    def _forget(self, proc: _Proc, gone: list[_Proc], interval: "_Interval") -> None:
+    def _forget(self, proc: _Proc, gone: list[_Proc], interval: Interval) -> None:
         del self.procs[proc.pid]
         proc.close()
         self.tree.gone += 1
@@ -798,7 +660,7 @@ class _ProcBackend:
         changed, self._last_pid = last != self._last_pid, last
         return changed or slow or self.tree.adopt
 
-    def _find_children(self, interval: "_Interval", boot_s: float) -> list[_Proc]:
+    def _find_children(self, interval: Interval, boot_s: float) -> list[_Proc]:
         """Add the processes new to the tree (children of every thread of the
         members that ran since they were last listed: a process that did not
         run forked nothing); returns them."""
@@ -840,7 +702,7 @@ class _ProcBackend:
                 queue.append(child)
         return found
 
-    def _join(self, child: _Proc, parent: _Proc | None, status: _Status, interval: "_Interval",
+    def _join(self, child: _Proc, parent: _Proc | None, status: Status, interval: Interval,
               boot_s: float) -> None:
         child.read_io()
         self.walker.wanted = True
@@ -861,7 +723,7 @@ class _ProcBackend:
         born_s = child.started * _TICK_S
         late = not (self._last_boot_s != self._last_boot_s or born_s >= self._last_boot_s - _TICK_S)
         peak = max(status.rss_kb, status.hwm_kb) if status.hwm_kb == status.hwm_kb else status.rss_kb
-        _take(child, status, status.rss_kb)
+        take(child, status, status.rss_kb)
         interval.add(child, peak, NAN if late else peak)
 
     @staticmethod
@@ -907,7 +769,7 @@ class _ProcBackend:
             text = self._meminfo.read(4096)
         except OSError:
             return NAN
-        return _rollup_kb(text, b"\nMapped:")
+        return rollup_kb(text, b"\nMapped:")
 
     def _unproven_kb(self) -> float:
         """Shared pages the tree's processes mapped since their last walk
@@ -957,202 +819,3 @@ class _ProcBackend:
         self._loadavg = self._meminfo = None
 
 
-class _PsReading(NamedTuple):
-    cpu_s: float        # own and reaped children's CPU seconds
-    rss_bytes: float
-    threads: float
-    read_bytes: float
-    write_bytes: float
-
-
-class _PsutilBackend:
-    """Portable fallback through psutil: memory is the RSS sum and peaks are
-    sampled (no high-water marks, no PSS)."""
-
-    name = "psutil"
-
-    def __init__(self, tree: ProcessTree):
-        import psutil
-
-        self.psutil = psutil
-        self.tree = tree
-        self.procs: dict = {}
-        self.parents: dict[int, int] = {}
-        self.values: dict[int, _PsReading] = {}
-        self.retained_cpu_s = 0.0
-        self.root_alive = False
-        self.errors: list[str] = []
-        self._last_total_s = NAN
-
-    def pids(self) -> tuple[int, ...]:
-        return tuple(self.procs)
-
-    def open(self) -> None:
-        try:
-            root = self.psutil.Process(self.tree.pid)
-        except self.psutil.NoSuchProcess:
-            raise ProcessLookupError(f"no process with pid {self.tree.pid}") from None
-        self.procs = {root.pid: root}
-        self.root_alive = True
-
-    def peak_mode(self, reset: bool) -> str:
-        return "sampled"
-
-    def busy_cpus(self) -> float:
-        return float(_LOGICAL_CPUS)
-
-    def settle(self) -> None:
-        pass
-
-    def refresh(self, now: float, dt: float, *, slow: bool) -> tuple[float, float]:
-        ps = self.psutil
-        found = []
-        if slow and self.tree.children:
-            try:
-                for child in self.procs[self.tree.pid].children(recursive=True):
-                    if child.pid not in self.procs and child.pid not in EXCLUDED:
-                        self.procs[child.pid] = child
-                        self.parents[child.pid] = child.ppid()
-                        found.append(child)
-            except (ps.NoSuchProcess, ps.AccessDenied, KeyError):
-                pass
-        vanished = []
-        for pid, proc in list(self.procs.items()):
-            try:
-                with proc.oneshot():
-                    t = proc.cpu_times()
-                    old = self.values.get(pid)
-                    read_bytes = write_bytes = NAN
-                    if slow:
-                        try:
-                            c = proc.io_counters()
-                            read_bytes, write_bytes = float(c.read_bytes), float(c.write_bytes)
-                        except (ps.AccessDenied, AttributeError, NotImplementedError):
-                            pass
-                    elif old:
-                        read_bytes, write_bytes = old.read_bytes, old.write_bytes
-                    threads = float(proc.num_threads())
-                    self.values[pid] = _PsReading(
-                        cpu_s=t.user + t.system + t.children_user + t.children_system,
-                        rss_bytes=float(proc.memory_info().rss), threads=threads,
-                        read_bytes=read_bytes, write_bytes=write_bytes)
-                    if pid == self.tree.pid and threads <= 1 and proc.status() == ps.STATUS_ZOMBIE:
-                        self.root_alive = False  # exited, only waiting to be reaped
-            except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
-                vanished.append(pid)
-        for pid in vanished:
-            del self.procs[pid]
-            last = self.values.pop(pid, None)
-            self.tree.gone += 1
-            if pid == self.tree.pid:
-                self.root_alive = False
-            # Reaped by a tree member (one gone in the same interval included):
-            # its time is in that member's children times.
-            parent = self.parents.pop(pid, None)
-            if last and parent not in self.procs and parent not in vanished:
-                self.retained_cpu_s += last.cpu_s
-        backfill_s = 0.0
-        for child in found:  # as the /proc backend: spread over the child's life
-            try:
-                age_s = time.time() - child.create_time()
-            except (ps.NoSuchProcess, ps.AccessDenied):
-                continue
-            if child.pid in self.values and age_s > dt > 0:
-                backfill_s += self.values[child.pid].cpu_s * (1.0 - dt / age_s)
-        total = self.retained_cpu_s + sum(v.cpu_s for v in self.values.values())
-        last, self._last_total_s = self._last_total_s, total
-        return total, (total - last - backfill_s if last == last else 0.0)
-
-    def memory(self) -> dict[str, float]:
-        rss = sum(v.rss_bytes for v in self.values.values()) / MIB
-        return {"proc_pss_mb": rss, "proc_pss_peak_mb": rss, "proc_pss_peak_bound_mb": NAN,
-                "proc_rss_mb": rss, "proc_rss_peak_mb": rss,
-                "proc_rss_anon_mb": NAN, "proc_rss_file_mb": NAN, "proc_rss_shmem_mb": NAN,
-                "proc_threads": sum(v.threads for v in self.values.values()),
-                "proc_count": float(len(self.values))}
-
-    def io_total(self, field: str) -> float:
-        return sum(getattr(v, field) for v in self.values.values()) if self.values else NAN
-
-    def close(self) -> None:
-        self.procs.clear()
-        self.values.clear()
-
-    abandon = close
-
-
-class _Interval:
-    """One interval's memory figures of a tree: each process's peak and the
-    upper end of its bracket are set on it (:meth:`add`); those of the
-    processes that went in the interval are kept here."""
-
-    __slots__ = ("gone", "ran", "missed", "floor_kb", "winding")
-
-    def __init__(self):
-        self.gone: list[_Proc] = []
-        self.winding = False      # a process is exiting or unmapping shared pages
-        self.ran = False          # a process ran (memory-wise) in the interval
-        self.missed = False       # a process lived in the interval unseen: no upper bound
-        self.floor_kb = 0.0       # the tree was at least this big at some moment
-
-    @staticmethod
-    def add(proc: _Proc, peak_kb: float, bound_kb: float) -> None:
-        """A process's best peak and its bracket's upper end in the interval (kB of RSS)."""
-        proc.peak_kb, proc.bound_kb = peak_kb, bound_kb
-
-    def figures(self, procs, shared_start_kb: float, shared_kb: float) -> dict[str, float]:
-        """The interval's figures. ``shared_start_kb`` and ``shared_kb``:
-        what the tree held at the interval's start and end beyond (or, when
-        negative, short of) what its processes' last walks say: the shares of
-        processes gone since (``orphan_share_kb``), less shared pages mapped
-        again (``unproven_kb``).
-
-        The tree's peak is the larger of its two sums -- at the interval's
-        start and at its end, each process with its own shared offset then
-        -- plus what each process went above both of its own samples (its
-        high-water mark). Adding each process's own maximum instead would
-        count pages twice whenever they move between processes (a reader
-        mapping a shared segment takes a share from its creator); that sum
-        is the upper end of the bracket: the processes' own highs may have
-        coincided."""
-        rss = anon = file = shmem = threads = 0.0
-        at_start, at_end, rss_start = shared_start_kb, shared_kb, 0.0
-        excess = bound = 0.0
-        count = 0
-        for group in (procs, self.gone):
-            live = group is procs
-            for proc in group:
-                if live:
-                    rss += proc.rss_kb
-                    anon += proc.anon_kb
-                    file += proc.file_kb
-                    shmem += proc.shmem_kb
-                    threads += proc.threads
-                    at_end += max(proc.rss_kb - proc.off_kb, 0.0)
-                    count += 1
-                self.ran = self.ran or proc.ran
-                at_start += max(proc.start_kb - proc.start_off_kb, 0.0)
-                rss_start += proc.start_kb
-                sampled = max(proc.start_kb, proc.rss_kb if live else 0.0)
-                excess += max(proc.peak_kb - sampled, 0.0)
-                # Its own highest: at either end, or above both (then with the
-                # smaller of its two offsets: an upper end).
-                own = max(proc.start_kb - proc.start_off_kb, proc.rss_kb - proc.off_kb if live else 0.0,
-                          proc.bound_kb - min(proc.start_off_kb, proc.off_kb))
-                bound += max(own, 0.0)
-        peak = max(at_start, at_end) + excess
-        peak = max(peak, self.floor_kb)
-        bound = NAN if self.missed else max(bound + max(shared_start_kb, shared_kb), peak)
-        mem, rss_peak = at_end, max(rss_start, rss) + excess
-        return {
-            "proc_pss_mb": mem / 1024.0,
-            "proc_pss_peak_mb": peak / 1024.0,
-            "proc_pss_peak_bound_mb": bound / 1024.0,
-            "proc_rss_mb": rss / 1024.0,
-            "proc_rss_peak_mb": rss_peak / 1024.0,
-            "proc_rss_anon_mb": anon / 1024.0,
-            "proc_rss_file_mb": file / 1024.0,
-            "proc_rss_shmem_mb": shmem / 1024.0,
-            "proc_threads": threads,
-            "proc_count": float(count),
-        }
