@@ -47,7 +47,6 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent))
 
 import results_file  # noqa: E402  (benchmarks/, the script's own folder)
-from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
 from browser_util import CHROMIUM, CHROMIUM_ARGS, JupyterLab, wait_for  # noqa: E402
 from dashboard_page import (INIT_SCRIPT, browser_pids, cpu_seconds, execute_time, idle_figures,  # noqa: E402
                             kernel_pids, redraw_figures)
@@ -145,22 +144,29 @@ def cells_run(browser, lab, n: int, idle_s: float, nbmon: bool = True) -> dict:
         replies = "window.__nbmonFrames.filter((f) => f.type === 'execute_reply').length"
         wait_for(lambda: page.evaluate(replies) >= n + (2 if nbmon else 1), 1200, f"{n} cells to run")
         # Run All scrolled to the last cell: back to the top, where the dashboard
-        # is (out of view it draws nothing; JupyterLab renders only the cells in view)
-        page.evaluate("document.querySelector('.jp-WindowedPanel-outer').scrollTop = 0")
+        # is (out of view it draws nothing), once JupyterLab has settled
         page.wait_for_timeout(settle_s(n) * 1000)
         shown = math.nan
         if nbmon:
             # a page busy redrawing may take long to render the top cells again: measured either way
-            record = page.locator(".nbmon-live-record").first
-            try:
-                record.wait_for(state="visible", timeout=300_000)
-                box = record.bounding_box()
-                shown = float(bool(box) and 0 <= box["y"] < 1000)
-            except PlaywrightTimeout:
-                shown = 0.0
+            shown = float(back_in_view(page))
         return {**measure(page, idle_s, {"Chromium": browser_pids(os.getpid())}), "dashboard in view": shown}
     finally:
         close(page, lab)
+
+
+def back_in_view(page, timeout_s: float = 300) -> bool:
+    """Scroll the notebook back to its top until the dashboard shows (JupyterLab
+    renders only the cells in view, and may scroll to the active cell again)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        page.evaluate("document.querySelector('.jp-WindowedPanel-outer').scrollTop = 0")
+        page.wait_for_timeout(1000)
+        box = page.locator(".nbmon-live-record").first.bounding_box(timeout=1000) \
+            if page.locator(".nbmon-live-record").count() else None
+        if box and 0 <= box["y"] < 1000:
+            return True
+    return False
 
 
 def age_run(browser, lab, ages_min: list[float], idle_s: float) -> dict[float, dict]:

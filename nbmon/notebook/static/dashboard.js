@@ -139,7 +139,7 @@ function barFraction(value, max) {
 //     does not run into the next band's;
 //   * nothing is redrawn unless something would move by a pixel (the x range,
 //     a point, a band, the theme, the size: signature()), new points at most
-//     once a second (REDRAW_MS); the title, which changes with every frame,
+//     every two seconds (REDRAW_MS); the title, which changes with every frame,
 //     is set as text; plotly is given the chart's width, so that it never
 //     measures the page (a layout of all of it) to draw;
 //   * one observer, one theme watcher and one visibility listener per page,
@@ -178,7 +178,10 @@ const CSS = `
 
 export const MAX_HELD = 20000;  // points held per trace; past it, the oldest half merges into min/max pairs
 const BUCKET_PX = 2;            // a redraw's column width: its lowest and highest point
-const REDRAW_MS = 1000;         // new points are drawn at most this often (a frame comes every 500 ms)
+// New points are drawn at most this often (a frame comes every 500 ms): a redraw
+// is a full Plotly.react, ~20 ms here whatever the points; a 600 s window on
+// ~700 px moves by ~2 px in this time.
+const REDRAW_MS = 2000;
 export const MERGE_PX = 6;      // bands closer than this merge, and none is drawn narrower than 1 px
 const LABEL_PX_PER_CHAR = 6.5;  // a band label's width at 10 px, to show only labels that fit
 const MIN_CONTRAST = 5.0;       // text against what is behind it (WCAG AA asks 4.5)
