@@ -26,6 +26,7 @@ import socket
 
 from . import catalog
 from .format import MISSING, fmt
+from .render import grid_table, grid_text
 
 # (launcher, rank variable, local rank variable, world size variable): the
 # first whose rank variable is set wins (torchrun inside a Slurm step sets both).
@@ -287,9 +288,7 @@ def text_report(table, most: int = 10) -> str:
     """The ranks as text: the verdict, then the slowest and the largest."""
     out = [f"nbmon: {len(table)} ranks on {table['host'].nunique()} host(s)", *verdict(table)]
     for title, _, rows in ranked(table, most):
-        rows = [HEADER] + rows
-        widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
-        out += ["", title] + ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+        out += ["", grid_text(title, HEADER, rows)]
     return "\n".join(out)
 
 
@@ -298,12 +297,12 @@ def write_report(frame, path, *, title: str = "ranks", overwrite: bool = False, 
     and a timeline per metric with a trace per rank. Returns ``path``."""
     import html
 
-    from .notebook.cluster import table_html, write_ranks_html
+    from .notebook.pages import ranks_figure, write_page
 
     table = rank_table(frame)
     flagged = {flag: table.index[table[flag]] for flag in ("straggler", "largest")}
     parts = [f'<div class="nbmon-ranks" data-straggler="{"".join(map(str, flagged["straggler"][:1]))}" '
              f'data-largest="{"".join(map(str, flagged["largest"][:1]))}" style="font:13px system-ui,sans-serif">'
              + "".join(f"<p style='margin:2px 0'>{html.escape(line)}</p>" for line in verdict(table))]
-    parts += [table_html(heading, HEADER, rows, f"nbmon-ranks-{short}") for heading, short, rows in ranked(table, most)]
-    return write_ranks_html(frame, "".join(parts) + "</div>", path, title=title, overwrite=overwrite)
+    parts += [grid_table(heading, HEADER, rows, cls=f"nbmon-ranks-{short}") for heading, short, rows in ranked(table, most)]
+    return write_page(path, title, "".join(parts) + "</div>", ranks_figure(frame), overwrite=overwrite)

@@ -20,19 +20,12 @@ import zlib
 
 import numpy as np
 
-from .format import fmt, is_unknown
-
-# JupyterLab's theme variables, with light fallbacks for pages that have none
-# (GitHub, nbconvert's classic template, VS Code): readable in either theme.
-FG = "var(--jp-ui-font-color1, #222)"
-MUTED = "var(--jp-ui-font-color2, #555)"
-BORDER = "var(--jp-border-color2, #ddd)"
-PANEL = "var(--jp-layout-color1, transparent)"
 
 # Cosmetic only (a viewer may strip them; the table reads the same): compact
 # cells, labels left (JupyterLab right-aligns every cell for DataFrames).
 _LABEL = 'align="left" style="text-align:left;padding:1px 12px 1px 0;background:transparent"'
 _VALUE = 'align="right" style="text-align:right;padding:1px 0;background:transparent"'
+_GRID = 'align="right" style="text-align:right;padding:1px 0 1px 12px;background:transparent"'
 
 
 def html_table(title: str, rows: list[tuple[str, str]], *, status: str = "ok", extra: str = "") -> str:
@@ -46,6 +39,31 @@ def html_table(title: str, rows: list[tuple[str, str]], *, status: str = "ok", e
             f'font:12px/1.4 system-ui,sans-serif">'
             f"<div><b>{html.escape(title)}</b></div>"
             f'<table style="border-collapse:collapse;margin:2px 0 0">{body}</table>{extra}</div>')
+
+
+def grid_table(title: str, header: list[str], rows: list[list[str]], *, cls: str = "nbmon-grid") -> str:
+    """A table of text under a bold title, a column per ``header`` entry
+    (bold cells: sanitizers escape ``th``), a row per entry of ``rows``;
+    the first column's cells are labels, the others values."""
+    def cells(values, bold: bool = False) -> str:
+        b, end = ("<b>", "</b>") if bold else ("", "")
+        return "".join(f"<td {_LABEL if k == 0 else _GRID}>{b}{html.escape(v)}{end}</td>"
+                       for k, v in enumerate(values))
+
+    body = "".join(f"<tr>{cells(r)}</tr>" for r in rows)
+    return (f'<div class="{html.escape(cls)}" style="display:inline-block;border-left:3px solid #2a7d2a;'
+            f'padding:4px 10px;font:12px/1.4 system-ui,sans-serif">'
+            f"<div><b>{html.escape(title)}</b></div>"
+            f'<table style="border-collapse:collapse;margin:2px 0 0"><tr>{cells(header, True)}</tr>{body}</table></div>')
+
+
+def grid_text(title: str, header: list[str], rows: list[list[str]]) -> str:
+    """:func:`grid_table` as plain text: the title, then the columns aligned
+    (the first left, the others right)."""
+    lines = [header, *rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join([title] + ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                           for i, (c, w) in enumerate(zip(line, widths))) for line in lines])
 
 
 class Output:
@@ -64,64 +82,6 @@ def text_table(title: str, rows: list[tuple[str, str]]) -> str:
     width = max((len(k) for k, _ in rows), default=0)
     return "\n".join([title, *(f"  {k:<{width}}  {v}" for k, v in rows)])
 
-
-# The cluster view's inline SVG timeline (a trusted page's; untrusted viewers drop SVG).
-_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
-
-
-def svg_timeline(t, series: dict, *, width: int = 360, height: int = 84, max_points: int = 300) -> str:
-    """Small static line chart: one normalised line per series, a time scale,
-    and a legend with each series' peak.
-
-    ``series`` is ``{name: (values, unit)}`` or ``{name: (values, unit, peak)}``
-    with a catalog unit ("%", "MiB", ...; see :func:`nbmon.format.fmt`); the
-    legend shows ``peak`` when given (a summary's figure: the exact peak RSS
-    can exceed every sample) and the largest value otherwise. ``t`` (seconds)
-    and each value array are sequences of floats of equal length; each series
-    is drawn on its own scale (0 to its peak) so that the shapes compare.
-    """
-    n = len(t)
-    if n < 2:
-        return ""
-    step = max(1, -(-n // max_points))
-    t0, t1 = float(t[0]), float(t[-1])
-    span = (t1 - t0) or 1.0
-    pad, plot_h = 2, height - 32
-    lines, legend = [], []
-    for k, (label, (values, unit, *given)) in enumerate(series.items()):
-        fmt(None, unit)  # refuses a unit that is not the catalog's, with data or without
-        finite = [float(v) for v in values if not is_unknown(v)]
-        if not finite:
-            continue
-        peak = given[0] if given and not is_unknown(given[0]) else max(finite)
-        top = max(peak, max(finite)) if peak > 0 else 1.0
-        color = _COLORS[k % len(_COLORS)]
-        pts = []
-        for i in range(0, n, step):
-            chunk = [float(v) for v in values[i:i + step] if not is_unknown(v)]
-            if not chunk:
-                continue
-            x = pad + (float(t[i]) - t0) / span * (width - 2 * pad)
-            y = pad + plot_h - max(chunk) / top * plot_h
-            pts.append(f"{x:.1f},{y:.1f}")
-        lines.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.3" points="{" ".join(pts)}"/>')
-        legend.append(f'<tspan fill="{color}">■</tspan> {html.escape(label)} peak {html.escape(fmt(peak, unit))}  ')
-    # The time scale: start, middle and end, in seconds since the first sample.
-    ticks = "".join(
-        f'<text x="{x}" y="{plot_h + 2 * pad + 11}" text-anchor="{anchor}">{html.escape(fmt(s, "s"))}</text>'
-        for x, anchor, s in ((pad, "start", 0.0), (width / 2, "middle", (t1 - t0) / 2),
-                             (width - pad, "end", t1 - t0)))
-    return (f'<svg class="nbmon-timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-            f'height="{height}" viewBox="0 0 {width} {height}" style="display:block;margin-top:4px;'
-            f'color:{FG}" font-size="10" font-family="system-ui,sans-serif">'
-            # var() works in style properties only, not in SVG presentation attributes.
-            f'<rect width="{width}" height="{plot_h + 2 * pad}" style="fill:{PANEL};stroke:{BORDER}"/>'
-            + "".join(lines)
-            + f'<g class="nbmon-timeline-scale" style="fill:{MUTED}">{ticks}</g>'
-            + f'<text x="2" y="{height - 4}" style="fill:currentColor">' + "".join(legend) + "</text></svg>")
-
-
-# -- the timeline picture ------------------------------------------------------------
 
 def png_strips(t, strips, *, width: int = 360, strip_px: int = 24, gap_px: int = 6, scale: int = 2) -> bytes:
     """A PNG of one strip per series, stacked, on a transparent background.

@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 
+import numpy as np
 import psutil
 import pytest
 from comm.base_comm import BaseComm
@@ -348,3 +349,40 @@ class RecordingComm(BaseComm):
         """(content, buffers) of every custom message of ``kind`` (its "type")."""
         return [(data["content"], buffers) for msg, data, buffers in self.published
                 if msg == "comm_msg" and data.get("method") == "custom" and data["content"].get("type") == kind]
+
+
+class FrontEnd:
+    """What the front end holds of a cluster view (js/dashboard.js: declare
+    and message): each stream's points, read from the frames the view sent
+    through its widget's comm, the title of the last, and the streams and
+    layout patch of the widget's state."""
+
+    def __init__(self, view):
+        self.view, self.points, self.title = view, {}, None
+        view.widget.comm = self.comm = RecordingComm(target_name="jupyter.widget")
+
+    def read(self) -> "FrontEnd":
+        for content, buffers in self.comm.customs("nbmon:append"):
+            at = 0
+            for group in content["groups"]:
+                x = np.frombuffer(buffers[at], dtype=np.float64)
+                at += 1
+                for stream in group["ids"]:
+                    y = np.frombuffer(buffers[at], dtype=np.float32)
+                    at += 1
+                    old = self.points.get(stream) if not group["replace"] else None
+                    self.points[stream] = (x, y) if old is None else (np.r_[old[0], x], np.r_[old[1], y])
+            self.title = content["title"]
+        self.comm.published.clear()
+        return self
+
+    @property
+    def streams(self) -> list[dict]:
+        return self.view.widget._nbmon["streams"]
+
+    @property
+    def layout(self) -> dict:
+        return self.view.widget._nbmon["layout"]
+
+    def workers(self) -> set[str]:
+        return {s["id"].rsplit(" ", 1)[0] for s in self.streams if s["id"].startswith("tcp://")}

@@ -45,6 +45,9 @@ def lab(tmp_path_factory):
     write_notebook(root / "stop.ipynb", ["%load_ext nbmon", "%resmon", WAIT_FOR_TEST, "%resmon stop"])
     write_notebook(root / "window.ipynb", ["%load_ext nbmon", f"%resmon --window {WINDOW_S:g} --interval 0.1", "x = 1",
                                            WAIT_FOR.format(name="window-go"), "%resmon stop"])
+    # A threshold every kernel is past (0.5 % of the machine, or of a container's limit): the warning shows at once.
+    write_notebook(root / "warning.ipynb", ["%load_ext nbmon", "%resmon --memory-warning 0.5",
+                                            WAIT_FOR.format(name="warning-go"), "%resmon stop"])
     server = JupyterLab(base, root)
     server.start()
     try:
@@ -205,7 +208,7 @@ def test_lab_dashboard_is_quick_one_way_and_survives_the_kernel(lab, browser):
         assert "[3]" in chart["cells"] and "[4]" in chart["cells"]
         assert any("labelled" in h for h in chart["hover"]) and all(re.search(r"\d s$", h) for h in chart["hover"])
         assert chart["width"] >= chart["room"] - 2 > 600  # responsive: as wide as the output area
-        assert re.fullmatch(r"CPU \d.* · memory \d.* (MiB|GiB)", chart["title"]), chart["title"]
+        assert re.fullmatch(r"CPU \d.* · Memory \d.* (MiB|GiB)", chart["title"]), chart["title"]
         page.shot("dashboard-light.png")
 
         # one-way and cheap while idle
@@ -367,5 +370,53 @@ def test_the_window_holds_and_hover_zoom_or_resize_send_nothing(lab, browser):
         raise
     finally:
         (lab.root / "window-go").touch()
+        page.page.close()
+        shut_down_kernels(lab)
+
+
+WARNING = """() => {
+    const plot = document.querySelector('.nbmon-live-record .js-plotly-plot');
+    const full = plot && plot._fullLayout;
+    if (!full) return null;
+    const line = (full.shapes || []).find(s => s.name === 'nbmon-warning-line');
+    const note = [...plot.querySelectorAll('.annotation-text')].map(t => t.textContent).find(t => t.startsWith('memory warning'));
+    return line && note ? {line: [line.y0, line.yref, line.line.dash], note} : null;
+}"""
+
+
+def use_theme(page: Page, name: str) -> None:
+    """Settings > Theme > ``name``, as a user picks it while the chart runs."""
+    page.page.get_by_role("menuitem", name="Settings", exact=True).click()
+    page.page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Theme$")).click()
+    page.page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{name}$")).click()
+
+
+def test_the_memory_warning_shows_on_the_chart_in_light_and_dark(lab, browser):
+    page = Page(browser, lab, "warning")
+    try:
+        page.open("/lab/tree/warning.ipynb")
+        page.run_all()
+        wait_for_chart(page)
+        shown = wait_for(lambda: page.page.evaluate(WARNING), 60, "the memory warning on the chart")
+        assert shown["line"][2] == "dot" and shown["line"][0] > 0, shown
+        assert re.match(r"memory warning: the (machine's memory is over 0.5 % used|container is over 0.5 % of its)",
+                        shown["note"]), shown
+        page.shot("dashboard-warning-light.png")
+        use_theme(page, "JupyterLab Dark")
+        page.page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+        page.page.wait_for_timeout(1500)   # the theme watcher redraws at the next frame
+        assert page.page.evaluate(WARNING), "the warning left the chart with the theme"
+        assert sum(map(int, re.findall(r"\d+", page.chart()["font"])[:3])) > 3 * 128, page.chart()["font"]
+        page.shot("dashboard-warning-dark.png")
+        (lab.root / "warning-go").touch()
+        record = page.page.locator(".nbmon-live-record").first
+        wait_for(lambda: "stopped" in record.inner_text(), 90, "the final record of the stopped dashboard")
+        assert not page.errors, page.errors
+    except BaseException:
+        page.shot("dashboard-warning-failure.png")
+        print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
+        raise
+    finally:
+        use_theme(page, "JupyterLab Light")   # the setting outlives the page
         page.page.close()
         shut_down_kernels(lab)

@@ -1,16 +1,20 @@
 """``%resmon --dask`` in a real JupyterLab driven by headless Chromium: the
-live cluster chart grows while the workers work, and ``%resmon stop``
-replaces it with its static record."""
+live cluster chart grows while the workers work, streams one way (nothing
+goes back to the kernel while it draws), and ``%resmon stop`` replaces it
+with its static record."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from browser_util import chromium_page, lab_serving, mib, run_all_cells, wait_for
+from dashboard_page import INIT_SCRIPT, idle_figures
 from test_browser import ARTIFACTS, CHROMIUM_ARGS, chromium_path  # noqa: F401 - a fixture
 
 NOTEBOOK = "nbmon-dask-browser.ipynb"
+STREAM_S = 5.0   # the chart watched while it grows: what crosses the websocket then
 CELLS = [
     "%load_ext nbmon\nfrom distributed import Client, LocalCluster\n"
     "cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=':0')\nclient = Client(cluster)",
@@ -54,11 +58,18 @@ def test_the_cluster_chart_grows_and_stop_leaves_its_record(lab, chromium_path):
     ARTIFACTS.mkdir(exist_ok=True)
     with chromium_page(chromium_path, CHROMIUM_ARGS, lab, ARTIFACTS / "browser-dask-failure.png") as page:
         try:
+            page.add_init_script(INIT_SCRIPT)   # every websocket frame, from the page's start
             run_all_cells(page, lab, NOTEBOOK, RECORDER)
             view_cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
             view_cell.locator(".js-plotly-plot").wait_for(timeout=120_000)
             wait_for(lambda: _growth(page.evaluate("window.__nbmonCluster")), 60,
                      "the cluster chart to gain points over two seconds")
+            t0 = page.evaluate("performance.now()")
+            page.wait_for_timeout(STREAM_S * 1000)   # Playwright delivers events only inside its calls
+            streamed = idle_figures(page.evaluate("window.__nbmonFrames"), t0, page.evaluate("performance.now()"))
+            (ARTIFACTS / "browser-dask-stream.json").write_text(json.dumps(streamed, indent=1))
+            assert streamed["browser_to_kernel"] == 0, streamed   # one way: no echo of what was drawn
+            assert streamed["kernel_to_browser_messages"] >= STREAM_S / 2, streamed   # a frame a batch: streaming
             page.screenshot(path=str(ARTIFACTS / "browser-dask-running.png"))
             plot = page.evaluate("() => { const p = document.querySelectorAll('.jp-Notebook .jp-Cell')[1]"
                                  ".querySelector('.js-plotly-plot');"
@@ -69,10 +80,10 @@ def test_the_cluster_chart_grows_and_stop_leaves_its_record(lab, chromium_path):
             lab.release.touch()   # the work cell ends, %resmon stop runs
 
         record = view_cell.locator(".nbmon-cluster-record")
-        record.wait_for(timeout=120_000)
+        wait_for(lambda: "stopped" in record.inner_text(), 120, "the cluster view's final record")
         assert view_cell.locator(".js-plotly-plot").count() == 0
         rows = record.locator("table tr").all()[1:]
         assert len(rows) == 2
-        peaks = [mib(r.locator("td").nth(2).inner_text()) for r in rows]
+        peaks = [mib(r.locator("td").nth(2).inner_text().split(" (")[0]) for r in rows]   # "253 MiB (exact)"
         assert min(peaks) >= 200, peaks   # each worker held its task's 200 MiB
         page.screenshot(path=str(ARTIFACTS / "browser-dask.png"))

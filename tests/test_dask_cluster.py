@@ -19,7 +19,7 @@ from IPython.utils.capture import capture_output
 
 import nbmon
 import nbmon.dask
-from helpers import wait_until
+from helpers import FrontEnd, wait_until
 from nbmon.dask.client import Watch
 from nbmon.dask.wire import Encoder
 from nbmon.dask.worker import roster_name
@@ -98,8 +98,6 @@ def watched(cluster):
         assert watch.ready(10), "the workers' first batches did not arrive"
         yield watch
     finally:
-        for view in watch.views:
-            view.close()
         nbmon.dask.unwatch()
 
 
@@ -263,6 +261,7 @@ def test_a_killed_worker_is_marked_gone_and_new_workers_appear(tmp_path):
         try:
             assert watch.ready(10)
             view = ClusterView(watch, start=False)
+            seen = FrontEnd(view)
             assert view.refresh()
             reporter = next(f for f in watch.collector.workers() if f.about["machine"])
             survivor = next(f for f in watch.collector.workers() if f is not reporter)
@@ -278,10 +277,11 @@ def test_a_killed_worker_is_marked_gone_and_new_workers_appear(tmp_path):
             assert spans[reporter.address].summary.num_samples == 0
             assert spans[survivor.address].status == "ok" and spans[survivor.address].summary.num_samples > 5
             assert view.refresh(force=True) and view.errors == 0
-            gone = [t for t in view.widget.data if t.name == f"{reporter.name} (left)"]
+            seen.read()
+            gone = [s for s in seen.streams if s.get("trace", {}).get("name") == f"{reporter.name} (left)"]
             assert len(gone) == len(view.rows)
-            marker = view._gone[0]
-            assert list(marker.text) == [reporter.name] and marker.x[0] == reporter.store.latest()["t"]
+            x, y = seen.points["gone memory"]   # a marker where its trace ends
+            assert x.tolist() == [reporter.store.latest()["t"]] and y[0] > 0
             # The host is still sampled: another worker (the survivor, or the killed
             # one's replacement, whichever takes the lock first) takes the machine over.
             # (Its forked child, alive, must not keep the host's lock.)
@@ -294,11 +294,11 @@ def test_a_killed_worker_is_marked_gone_and_new_workers_appear(tmp_path):
                                     if f.state == "live" and f.store is not None]) == 3,
                        timeout=60, what="the restarted and the added workers' first batches")
             assert view.refresh() and view.errors == 0
+            seen.read()
             live = [f for f in watch.collector.workers() if f.state == "live"]
             for feed in live:
-                traces = view._worker_traces[feed.address]
-                assert len(traces[0].x) >= 1, feed.address
-            assert "3 workers · 1 left" in view.widget.layout.title.text
+                assert len(seen.points[f"{feed.address} cpu"][0]) >= 1, feed.address
+            assert "3 workers · 1 left" in seen.title
             assert sum(f.about["machine"] for f in live) == 1
         finally:
             if orphan is not None:
@@ -334,19 +334,26 @@ def test_frames_stay_within_64_kib_and_large_clusters_are_compact():
     synthetic_batches(watch, 12, 60)
     small = ClusterView(watch, window_s=600, start=False)
     views = [small]
+    seen = {small: FrontEnd(small)}
     try:
-        assert small.refresh() and not small.compact and len(small._worker_traces) == 12
+        assert small.refresh() and not small.compact and len(seen[small].workers()) == 12
         assert 0 < small.last_frame_bytes <= MAX_FRAME_BYTES
+        assert all(len(seen[small].read().points[f"tcp://10.0.0.{k}:4000 cpu"][0]) == 60 for k in range(8))
         # RSS (up to ~100 MiB here) is past half of each threshold: they are drawn
-        assert {shape.label.text for shape in small.widget.layout.shapes} == {
+        assert {shape["label"]["text"] for shape in seen[small].layout["shapes"]} == {
             "memory limit 200 MiB", "spill 70.0 % 140 MiB", "pause 80.0 % 160 MiB"}
+        synthetic_batches(watch, 1, 61)   # a batch more of one worker: only it is sent
+        assert small.refresh()
+        sent = seen[small].comm.customs("nbmon:append")[-1][0]["groups"]
+        assert [g["ids"] for g in sent if not g["replace"]] == [[f"tcp://10.0.0.0:4000 {row.key}" for row in small.rows]]
         synthetic_batches(watch, COMPACT_AT + 36, 60)   # the 12 again, and 88 more
         views.append(ClusterView(watch, window_s=600, start=False))   # made compact
+        seen[views[1]] = FrontEnd(views[1])
         assert small.refresh() and small.compact      # turned compact
         for view in views:
-            assert view.refresh(force=True) and view.compact and not view._worker_traces
-            assert "compact view (100 workers" in view.widget.layout.legend.title.text
-            assert len(view.widget.data) == len(BANDS) * len(view.rows) + len(view.rows) + 1   # + totals, hosts
+            assert view.refresh(force=True) and view.compact and not seen[view].workers()
+            assert "compact view (100 workers" in seen[view].layout["legend"]["title"]["text"]
+            assert len(seen[view].streams) == len(BANDS) * len(view.rows) + len(view.rows) + 1   # + totals, hosts
             assert 0 < view.last_frame_bytes <= MAX_FRAME_BYTES
         for view in views:
             assert not view.refresh() and view.skipped == 1   # nothing new: nothing sent
@@ -355,9 +362,11 @@ def test_frames_stay_within_64_kib_and_large_clusters_are_compact():
         assert watch.collector.unread == 1
         for view in views:
             assert view.refresh() and view.errors == 0
-            assert "99 workers · 1 left" in view.widget.layout.title.text
+            assert "99 workers · 1 left" in seen[view].read().title
+            assert "1 event(s) on the topic ignored" in seen[view].layout["annotations"][0]["text"]
         # the memory column's total: every worker's batch peak (the most of 10 uniform draws), summed
-        assert np.nanmax(small._totals[1].y) == pytest.approx(sum(100 * 10 / 11 + k for k in range(100)), rel=0.05)
+        assert np.nanmax(seen[small].points["total memory"][1]) == \
+            pytest.approx(sum(100 * 10 / 11 + k for k in range(100)), rel=0.05)
     finally:
         for view in views:
             view.close()
@@ -405,9 +414,10 @@ def test_each_worker_reports_only_the_gpu_it_may_use(fake_gpu, fake_nvml_lib):
             assert rows(first, ["gpu_util_percent"])["gpu_util_percent"][-1] == 11
             assert rows(second, ["max_gpu1_mem_used_mb"])["max_gpu1_mem_used_mb"][-1] == 5 * 1024
             view = ClusterView(watch, start=False)
+            seen = FrontEnd(view)
             assert [row.key for row in view.rows] == ["cpu", "memory", "gpu_util", "gpu_memory"]
             assert view.refresh()
-            gpu_memory = view._totals[3].y   # each device once: 1 + 5 GiB
+            gpu_memory = seen.read().points["total gpu_memory"][1]   # each device once: 1 + 5 GiB
             assert np.nanmax(gpu_memory) == 6 * 1024
             view.close()
         finally:

@@ -129,18 +129,6 @@ def test_summary_rows_use_the_rules():
     assert dict(ResourceSummary.zeroed().rows())["RSS growth"] == "+0.0 MiB"
 
 
-def test_svg_legend_uses_catalog_units():
-    from nbmon.render import svg_timeline
-
-    svg = svg_timeline([0.0, 1.0, 75.0], {"CPU": ([10.0, 99.96, 5.0], "%"), "RSS": ([100.0, 1536.0, 512.0], "MiB"),
-                                           "GPU": ([math.nan, math.nan, math.nan], "%")})
-    assert "CPU peak 100 %" in svg and "RSS peak 1.5 GiB" in svg
-    assert ">0.00 s</text>" in svg and ">1:15</text>" in svg   # the time scale's ends
-    assert "GPU" not in svg   # no data, no line, no legend entry
-    with pytest.raises(ValueError, match="unknown unit"):
-        svg_timeline([0.0, 1.0], {"CPU": ([1.0, 2.0], " %")})
-
-
 def test_html_table_escapes():
     from nbmon.render import html_table
 

@@ -16,8 +16,9 @@ import sys
 import textwrap
 import warnings
 
+import numpy as np
 import pytest
-from helpers import DEADLINE_S, figure, wait_until
+from helpers import DEADLINE_S, FrontEnd, figure, wait_until
 from multiuser import other_user, shared_dir  # noqa: F401 (fixtures)
 
 import nbmon
@@ -495,7 +496,8 @@ def test_bad_batches_from_another_client_leave_the_view_and_stop_sane(ip, dask_c
     watch = nbmon.dask.watching()
     try:
         assert watch.ready(20)
-        view = watch.views[0]
+        (view,) = ip.magics_manager.registry["ResmonMagics"].cluster_views
+        seen = FrontEnd(view)
         real = watch.registered[0]
         columns = watch.collector.feeds[real].decoder.columns
         with Client(dask_client.scheduler.address, set_as_default=False) as other:   # any client of the scheduler
@@ -510,8 +512,10 @@ def test_bad_batches_from_another_client_leave_the_view_and_stop_sane(ip, dask_c
             expected = len(bad) - 2 + 50   # the two fake workers with a bad name or host are taken, their text dropped
             wait_until(lambda: watch.collector.unread >= expected, what=lambda: f"{watch.collector.unread} ignored")
         view.refresh(force=True)
-        x_range = view.widget.layout.xaxis.range
-        title = view.widget.layout.title.text
+        seen.read()
+        xs = np.concatenate([x for x, _ in seen.points.values()])
+        x_range = [float(xs.min()), float(xs.max())]   # what the front end's x axis spans
+        title = seen.title + " " + " ".join(note["text"] for note in seen.layout["annotations"])
         figure("bad batches on the watch's topic", ignored=watch.collector.unread, errors=watch.collector.errors,
                workers=len(watch.collector.feeds), x_range=[round(x, 1) for x in x_range], view_errors=view.errors)
         assert watch.collector.errors == 0 and view.errors == 0
@@ -572,6 +576,7 @@ def test_a_private_directory_the_other_user_made_first_is_said_not_silent(other_
     from distributed import Client, LocalCluster
 
     import nbmon.dask
+    from nbmon.notebook.cluster import ClusterView
 
     monkeypatch.setenv("TMPDIR", shared_dir)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
@@ -581,14 +586,14 @@ def test_a_private_directory_the_other_user_made_first_is_said_not_silent(other_
         watch = nbmon.dask.watch(client, gpu=False)
         try:
             assert watch.ready(20)
-            view = watch.view(start=False)
+            view = ClusterView(watch, start=False)
             (feed,) = watch.collector.workers()
             view.refresh(force=True)
-            said = view.widget.layout.title.text
-            record = view.close()
+            said = " ".join(note["text"] for note in view.widget._nbmon["layout"]["annotations"])
+            record = view.close().html
         finally:
             nbmon.dask.unwatch()
-    figure("private directory taken by another user", said=said.split("<br>")[-1])
+    figure("private directory taken by another user", said=said)
     expected = f"no machine figures on {feed.host}: no host lock: {shared_dir}/nbmon-{os.geteuid()} belongs to uid"
     assert expected in said and expected in record
     assert not feed.about["machine"]

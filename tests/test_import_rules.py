@@ -34,13 +34,14 @@ LAYERS = (
     "sources.nvml", "sources.gpus", "sources",
     "sampler", "helper", "store", "summary", "senders", "consumers", "tables",
     "blackbox", "memwarn", "postmortem", "engine",
-    "notebook.frames", "notebook.charts", "notebook.meter", "notebook.kernel_watch", "notebook.dashboard",
-    "dask.wire", "notebook.cluster", "dask.feeds", "dask.worker", "dask.client", "dask",
-    "notebook.session",
+    "dask.wire", "dask.feeds", "dask.worker", "dask.client", "dask",
     "compat.calibrax", "compat.scaffold", "compat",
+    "notebook.frames", "notebook.charts", "notebook.live", "notebook.pages", "notebook.meter",
+    "notebook.kernel_watch", "notebook.dashboard", "notebook.cluster", "notebook.session",
     "notebook.magics", "notebook",
     "ranks", "cli", "demo",
 )
+PACKAGES = ("sources", "dask", "compat", "notebook")
 # What each package may reach outside itself.
 PACKAGE_MAY_IMPORT = {
     "sources": {"values", "catalog", "options", "faults", "runtime"},
@@ -179,7 +180,8 @@ def own_module(target: str) -> str | None:
 
 
 # library -> the modules (or packages) that may import it
-OWNERS = {"IPython": ("notebook.magics",), "plotly": ("notebook.dashboard", "notebook.cluster"),
+OWNERS = {"IPython": ("notebook.magics",),
+          "plotly": ("notebook.live", "notebook.pages", "notebook.dashboard", "notebook.cluster"),
           "pynvml": ("sources.nvml",), "distributed": ("dask",)}
 
 
@@ -235,3 +237,19 @@ def test_packages_stay_in_their_lane(package):
                     (other is not None and (target == other or target.startswith(other + "."))):
                 offenders.append(imp)
     assert offenders == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_package_is_one_block_of_layers(package):
+    """A package's modules stand together in LAYERS: with the layer order,
+    no two packages import each other (the Dask package, for one, imports
+    nothing of the notebook's; the cluster view there imports the Dask package)."""
+    places = [k for k, m in enumerate(LAYERS) if m == package or m.startswith(package + ".")]
+    assert places == list(range(places[0], places[-1] + 1)), [LAYERS[k] for k in range(places[0], places[-1] + 1)]
+
+
+def test_no_package_imports_one_that_imports_it():
+    reaches = {a: {b for m, imps in ALL_IMPORTS.items() if m == a or m.startswith(a + ".") for i in imps
+                   for b in PACKAGES if b != a and (own_module(i.target) or "").startswith(b)}
+               for a in PACKAGES}
+    assert [(a, b) for a in PACKAGES for b in reaches[a] if a in reaches[b]] == []

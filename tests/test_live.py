@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import threading
 
@@ -13,7 +14,8 @@ from browser_util import legend, png_pixels, row, summary_rows
 from helpers import RecordingComm, wait_until
 from nbmon.engine import Monitor
 from nbmon.notebook import charts
-from nbmon.notebook.dashboard import MARGIN_PX, THREAD_NAME, Dashboard, frame_bytes
+from nbmon.notebook.dashboard import MARGIN_PX, THREAD_NAME, Dashboard
+from nbmon.notebook.frames import frame_bytes
 from nbmon.sources.cgroup import Cgroup
 
 POLL_S = 10.0  # upper bound of every wait below; they normally end in milliseconds
@@ -147,7 +149,7 @@ def test_a_frame_carries_only_the_new_samples(stopped, dashboards):
     assert len(sent) == 3
     for content, (x, *ys) in sent:
         assert len(x) == 10 * 8 and len(ys) == len(d.columns) and all(len(y) == 10 * 4 for y in ys)
-        assert content["title"] == "CPU 42.0 % · memory 1.5 GiB"
+        assert content["title"] == "CPU 42.0 % · Memory 1.5 GiB"
     xs = np.concatenate([np.frombuffer(b[0], dtype=np.float64) for _, b in sent])
     assert np.all(np.diff(xs) > 0)                      # seconds since the run's start, never resent
     cpu = np.frombuffer(sent[0][1][1 + d.columns.index("proc_cpu_percent")], dtype=np.float32)
@@ -220,7 +222,7 @@ def test_plotly_events_go_to_the_kernel_only_once_the_users_code_asks(stopped, d
 
 
 def test_a_record_is_resent_at_most_every_few_seconds_however_many_cells_end(monitor, dashboards):
-    from nbmon.notebook import dashboard as live
+    from nbmon.notebook import live
 
     class Handle:
         def __init__(self):
@@ -455,3 +457,60 @@ def test_write_html_of_a_monitor_that_never_ran(tmp_path):
     page = (tmp_path / "empty.html").read_text(encoding="utf-8")
     assert path == tmp_path / "empty.html"
     assert 'class="nbmon-summary"' in page and "Plotly.newPlot" in page
+
+
+def meminfo_used_percent() -> float:
+    """The machine's memory in use, from /proc/meminfo (not nbmon's reading)."""
+    info = {line.split(":")[0]: float(line.split()[1]) for line in open("/proc/meminfo")}
+    return 100.0 * (1.0 - info["MemAvailable"] / info["MemTotal"])
+
+
+def container_used_percent() -> float:
+    """This process's memory cgroup's usage of its limit (100 where it has
+    none: the machine's share decides), read from the cgroup's files."""
+    for line in open("/proc/self/cgroup"):
+        _, controllers, path = line.rstrip("\n").split(":", 2)
+        for usage, limit, root in (("memory.current", "memory.max", "/sys/fs/cgroup"),
+                                   ("memory.usage_in_bytes", "memory.limit_in_bytes", "/sys/fs/cgroup/memory")):
+            if (controllers == "" and usage == "memory.current") or "memory" in controllers.split(","):
+                try:
+                    used, most = (open(f"{root}{path}/{name}").read().strip() for name in (usage, limit))
+                except OSError:
+                    continue
+                if most != "max" and int(most) < os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"):
+                    return 100.0 * int(used) / int(most)
+    return 100.0
+
+
+def test_the_memory_warning_is_a_line_at_its_threshold_and_a_note_while_it_holds(dashboards):
+    """A threshold below the memory's use here: the chart's layout patch
+    holds a dotted line at the threshold (on the machine's axis; on the
+    kernel's, beside the limit, in a container with a memory limit) and a
+    note on the memory row; once the threshold is above the use, the note
+    goes and the line moves."""
+    from nbmon import memwarn
+    from nbmon.notebook.dashboard import WARNING_LINE, WARNING_NOTE
+
+    watch = memwarn.MemoryWatch(os.getpid(), max(0.5, min(meminfo_used_percent(), container_used_percent()) / 2))
+    with Monitor(interval=0.05, gpu=False, consumers=[watch]) as m:
+        d = Dashboard(m, start=False)
+        dashboards.append(d)
+        d.widget.comm = RecordingComm(target_name="jupyter.widget")
+        wait_until(lambda: watch.warning is not None, timeout=POLL_S, what="the machine's warning")
+        d.refresh(force=True)
+        layout = d.widget._nbmon["layout"]
+        (line,) = [s for s in layout["shapes"] if s["name"] == WARNING_LINE]
+        limit = watch.level.limit_mb
+        assert line["y0"] == line["y1"] == pytest.approx(limit * watch.percent / 100)
+        container = watch.level.kind == memwarn.CONTAINER
+        axis = next(t.yaxis for t in d.widget.data if t.meta == ("proc_pss_mb" if container else "sys_mem_used_mb"))
+        assert line["yref"] == axis and line["line"]["dash"] == "dot"
+        (note,) = [a for a in layout["annotations"] if a["name"] == WARNING_NOTE]
+        assert note["text"].startswith(f"memory warning: the container is over {watch.percent:.1f} % of its" if container
+                                       else f"memory warning: the machine's memory is over {watch.percent:.1f} % used")
+        watch.percent = 99.9   # above the machine's use: the crossing ends
+        wait_until(lambda: watch.warning is None, timeout=POLL_S, what="the warning to end")
+        d.refresh(force=True)
+        layout = d.widget._nbmon["layout"]
+        assert layout["annotations"] == []
+        assert [s["y0"] for s in layout["shapes"]] == [pytest.approx(limit * 99.9 / 100)]

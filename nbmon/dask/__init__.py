@@ -1,15 +1,17 @@
 """Every worker of a Dask cluster, from the notebook.
 
     import nbmon.dask
-    watch = nbmon.dask.watch(client)   # each worker samples itself; display `watch` for the live view
+    watch = nbmon.dask.watch(client)   # each worker samples itself
     ...
     nbmon.dask.unwatch()               # stops it on every worker, no thread left behind
 
-or ``%resmon --dask client`` / ``%resmon stop`` in a notebook. Each worker
-samples its own process tree (the worker and the processes its tasks
-start) with the local monitor's rules -- exact peak RSS, nanosecond CPU
-clocks -- and only the GPUs its ``CUDA_VISIBLE_DEVICES`` lets it use; the
-machine is sampled once per host. Workers send one batch a second (min,
+or ``%resmon --dask client`` / ``%resmon stop`` in a notebook, which also
+shows the cluster live (a watch's live view,
+:class:`nbmon.notebook.cluster.ClusterView`, is the notebook package's: this
+package imports nothing of it). Each worker samples its own process tree
+(the worker and the processes its tasks start) with the local monitor's
+rules -- exact peak RSS, nanosecond CPU clocks -- and only the GPUs its
+``CUDA_VISIBLE_DEVICES`` lets it use; the machine is sampled once per host. Workers send one batch a second (min,
 max and mean of every field; on clusters of 50 workers and more, every 1.5
 Dask heartbeats) as Dask events; workers that join later are watched too,
 and ones that leave stay in the view with a marker.
@@ -32,9 +34,12 @@ import math
 from contextlib import contextmanager
 
 from ..options import Options
+from ..render import grid_table, grid_text
+from ..summary import PEAK_KINDS
 from ..tables import WorkerCellRecord
 
-__all__ = ["watch", "unwatch", "watching", "history", "samples", "cell", "cell_html", "client_named"]
+__all__ = ["watch", "unwatch", "watching", "history", "samples", "cell", "cell_html", "client_named",
+           "workers_table", "workers_text"]
 
 _watch = None            # the Watch of the cluster being watched (one at a time)
 MAX_CELLS = 10_000       # cells history(workers=True) keeps, as nbmon.history() does
@@ -53,8 +58,8 @@ def _distributed():
 
 def watch(client, options: Options | None = None, *, every_s: float = 1.0,
           worker_max_bytes: int = 1 << 20, **settings):
-    """Watch every worker of ``client``'s cluster; returns the Watch (display
-    it for a live view). ``options`` / ``settings`` as for a Monitor
+    """Watch every worker of ``client``'s cluster; returns the Watch
+    (:class:`nbmon.notebook.cluster.ClusterView` of it: a live view). ``options`` / ``settings`` as for a Monitor
     (``interval``, ``gpu``, ``children``, ``system``: the machine, once per
     host). ``every_s`` seconds between a worker's batches (at least 1; more
     on large clusters, as Dask spaces its heartbeats out);
@@ -139,9 +144,38 @@ def cell_html(record) -> str:
     """The per-worker table of a cell made under :func:`cell` ("" if none)."""
     if not record.workers:
         return ""
-    from ..notebook.cluster import workers_cell_html
+    return workers_table("nbmon · the cell on each worker",
+                         [(r.worker, r.host, r.summary if r.status != "no answer" else None) for r in record.workers])
 
-    return workers_cell_html(record.workers)
+
+def workers_table(title: str, workers) -> str:
+    """A table of ``workers`` ((worker, host, ResourceSummary or None: no
+    answer) each): a row per worker, a column per row its summary's record
+    has (``ResourceSummary.rows()``, the duration left out: the same for
+    every worker), how exact a peak is beside its figure."""
+    return grid_table(title, *_worker_grid(workers), cls="nbmon-workers")
+
+
+def workers_text(title: str, workers) -> str:
+    """:func:`workers_table` as plain text."""
+    return grid_text(title, *_worker_grid(workers))
+
+
+def _worker_grid(workers) -> tuple[list[str], list[list[str]]]:
+    shown = [{} if summary is None else dict(_kind_beside(summary.rows())) for _, _, summary in workers]
+    titles = list(dict.fromkeys(t for rows in shown for t in rows if t != "Duration")) or ["figures"]
+    body = [[worker, host, *([rows.get(t, "") for t in titles] if rows else
+                             ["no answer", *[""] * (len(titles) - 1)])]
+            for (worker, host, _), rows in zip(workers, shown)]
+    return ["worker", "host", *titles], body
+
+
+def _kind_beside(rows):
+    """'Peak memory (exact)', '300 MiB' -> 'Peak memory', '300 MiB (exact)':
+    one column whatever each worker's peak is."""
+    for title, text in rows:
+        kind = next((k for k in PEAK_KINDS if title.endswith(f" ({k})")), None)
+        yield (title.removesuffix(f" ({kind})"), f"{text} ({kind})") if kind else (title, text)
 
 
 def history():

@@ -15,7 +15,7 @@ import os
 import time
 import uuid
 
-from ..options import DEFAULT_WINDOW_S, Options
+from ..options import Options
 from ..summary import ResourceSummary
 from .feeds import DEFAULT_WORKER_MAX_BYTES, Collector
 from .worker import NbmonPlugin, Roster, close_span, nbmon_threads, open_span, roster_name
@@ -40,7 +40,6 @@ class Watch:
         self.collector = Collector(worker_max_bytes)
         self.running = False
         self.registered: list[str] = []   # workers that had the plugin at start
-        self.views: list = []
 
     @property
     def address(self) -> str:
@@ -165,20 +164,3 @@ class Watch:
             else:
                 rows.append({"worker": worker, "host": feed.host if feed else "", "summary": NO_ANSWER})
         return rows
-
-    # -- showing it --------------------------------------------------------------
-    def view(self, window_s: float = DEFAULT_WINDOW_S, *, start: bool = True):
-        """A new live view of the cluster (a plotly FigureWidget underneath);
-        ``start=False``: its refresher waits for ``view.start()`` (after display)."""
-        from ..notebook.cluster import ClusterView
-
-        self.ready()
-        view = ClusterView(self, window_s=window_s, start=start)
-        self.views.append(view)
-        return view
-
-    def _repr_mimebundle_(self, **kwargs):
-        view = self.view(start=False)
-        bundle = view._repr_mimebundle_(**kwargs)
-        view.start()
-        return bundle

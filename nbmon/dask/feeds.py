@@ -29,7 +29,8 @@ import time
 import numpy as np
 
 from .. import catalog
-from ..store import Store
+from ..store import Stats, Store
+from ..summary import ResourceSummary, summarize
 from .wire import Decoder
 
 DEFAULT_WORKER_MAX_BYTES = 1 << 20
@@ -98,6 +99,35 @@ class WorkerFeed:
     @property
     def host(self) -> str:
         return self.about.get("host") or ""
+
+    def summary(self) -> ResourceSummary | None:
+        """The worker's summary over everything its store holds (None before a batch)."""
+        if self.store is None or not len(self.store):
+            return None
+        return summarize(BatchStats(self.store, self.decoder.columns))
+
+
+class BatchStats:
+    """A worker's batches as one window's statistics (the interface of
+    :class:`~nbmon.store.Stats` that :func:`nbmon.summary.summarize` reads),
+    each statistic of a field read where the batches hold it: the highest
+    from ``max_<field>``, the lowest from ``min_<field>``, the others (mean,
+    first, last, delta) from the field's own column (each batch's mean, a
+    counter's last value)."""
+
+    def __init__(self, store: Store, columns):
+        t, wall, values = store.series()
+        self._stats = Stats(store.columns)
+        self._stats.fold(t, wall, np.array([values[c] for c in store.columns]))
+        self.columns = tuple(columns)
+        index = {c: j for j, c in enumerate(store.columns)}
+        self.n = self._stats.n[[index[c] for c in self.columns]]
+        for name in ("count", "t_open", "t_first", "t_last", "wall_first", "wall_last", "duration"):
+            setattr(self, name, getattr(self._stats, name))
+
+    def value(self, stat: str, column: str) -> float:
+        held = f"{stat}_{column}"
+        return self._stats.value(stat, held if stat in ("max", "min") and held in self._stats.columns else column)
 
 
 class Collector:

@@ -29,11 +29,11 @@ LIMIT_COLOR = "#d62728"
 class Row:
     key: str          # the catalog's `chart` value of the metrics drawn here
     title: str        # left (kernel) axis title
-    short: str        # the row's name in a headline and a static timeline's legend
+    short: str        # the row's name in a timeline's legend and a cluster view's column title
     px: int           # height in the dashboard
     machine: str | None = None               # right (machine) axis title; None: the row has none
     machine_range: tuple[float, float] | None = None   # a fixed right axis range (None: fit the data)
-    total: str | None = None   # the column that stands for the row in a headline and a timeline,
+    total: str | None = None   # the column that stands for the row in a timeline and a cluster view,
                                # None: the row's kernel (tree) metric in the catalog
 
     @property
@@ -156,36 +156,48 @@ def record_timeline(store, stats, t_from: float = -math.inf) -> Timeline | None:
     wanted = [row for row in ROWS if row.headline in store.columns]
     t, _wall, values = store.series([row.headline for row in wanted], t_from=t_from)
     start = int(np.searchsorted(t, t_from, side="right")) if math.isfinite(t_from) else 0
-    t = t[start:]
-    if t.size < 2:
-        return None
-    shown, traces = traces_for(store.columns)
-    colors = {}   # a row's colour: its first trace's that is not the machine's
+    colors = row_colors(store.columns)
+    return timeline(t[start:], [(row, values[row.headline][start:], _peak(stats, row.headline), colors.get(row.key))
+                                for row in wanted])
+
+
+def row_colors(columns) -> dict[str, str]:
+    """Each chart row's colour among ``columns``: its first trace's that is not the machine's."""
+    shown, traces = traces_for(columns)
+    colors: dict[str, str] = {}
     for trace in traces:
         if not trace.style.machine:
             colors.setdefault(shown[trace.row - 1].key, trace.color)
-    strips, parts = [], []
-    for row in wanted:
-        v = values[row.headline][start:]
+    return colors
+
+
+def timeline(t, strips) -> Timeline | None:
+    """A timeline of ``strips``, (row, values at ``t``, peak, colour) each: a
+    strip from 0 to the peak (NaN: the values' highest; at least that), in
+    the colour (None: the palette's first). None without two times or any value."""
+    if len(t) < 2:
+        return None
+    drawn, parts = [], []
+    for row, v, peak, color in strips:
         if not np.isfinite(v).any():
             continue
-        peak = _peak(stats, row.headline)   # the table's figure, at least what the strip holds
         top = max(peak, float(np.nanmax(v))) if peak == peak else float(np.nanmax(v))
-        strips.append((v, top if top > 0 else 1.0, colors.get(row.key, PALETTE[0])))
+        drawn.append((v, top if top > 0 else 1.0, color or PALETTE[0]))
         parts.append((row.short, fmt(top, catalog.unit_of(row.headline))))
-    if not strips:
+    if not drawn:
         return None
     strip_px, gap_px = 24, 6
     legend = " · ".join(f"{place}: {short} to {peak}" for place, (short, peak) in zip(_PLACES[len(parts)], parts))
-    return Timeline(png_strips(t, strips, width=TIMELINE_PX, strip_px=strip_px, gap_px=gap_px),
-                    TIMELINE_PX, len(strips) * (strip_px + gap_px) - gap_px,
+    return Timeline(png_strips(t, drawn, width=TIMELINE_PX, strip_px=strip_px, gap_px=gap_px),
+                    TIMELINE_PX, len(drawn) * (strip_px + gap_px) - gap_px,
                     ("Timeline, below", f"{legend} · over {fmt(float(t[-1] - t[0]), 's')}"))
 
 
 def _peak(stats, column: str) -> float:
-    # The high-water mark where the catalog has one (`X_peak_mb` beside `X_mb`):
-    # the figure the summary table shows.
-    exact = column.removesuffix("_mb") + "_peak_mb"
-    value = stats.value("max", exact) if column.endswith("_mb") and exact in stats.columns else math.nan
-    return value if value == value else stats.value("max", column)
-
+    # The metric's peak column where the store has one: the figure the summary table shows.
+    metric = catalog.metric_of(column)
+    if metric is not None and metric.peak is not None and metric.peak in stats.columns:
+        value = stats.value("max", metric.peak)
+        if value == value:
+            return value
+    return stats.value("max", column)

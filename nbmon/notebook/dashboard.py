@@ -1,70 +1,45 @@
-"""The live dashboard: a plotly FigureWidget fed from a Monitor's store.
+"""The live dashboard: the kernel's monitor as a live view
+(:class:`~nbmon.notebook.live.LiveView`: its record, one-way stream and
+refresher).
 
-The only nbmon module that imports plotly, and only inside functions. The
-first plotly FigureWidget of a process cost ~1-2.5 s of GIL-holding imports,
-nearly all of it nbformat -> jsonschema -> rfc3987_syntax (which builds a
-grammar): plotly.io imports nbformat for ``fig.show()``'s mime renderers,
-never for a FigureWidget. :func:`warm` imports plotly with that import
-deferred to nbformat's first use (:func:`_import_plotly`: ~0.1 s instead of
-1.2 s, 24 MiB less here), in a thread started by ``%load_ext nbmon``.
+Rows and traces come from :mod:`charts`: per row the kernel's own traces on
+a left axis drawn on top, machine-wide ones as light bands on a right axis
+beneath, the container's memory limit as a dashed line, and the cells run
+as bands. Each frame holds the samples that arrived since the last one (one
+group: x seconds since the run's start, a y per trace) and the cell bands
+that changed. The memory warning (:mod:`nbmon.memwarn`) is drawn too: a
+dotted line at its threshold (under the container's limit, or on the
+machine's axis without one), and a red note on the memory row while the
+warning holds, sent as the layout's patch when it changes.
 
-What is displayed is not the widget but its static record: a table (text/html
-that every viewer shows, :mod:`nbmon.render`) carrying the widget's id, and
-the timeline picture as the next output (image/png, :meth:`Dashboard.picture`).
-The widget's front end (js/dashboard.js) mounts a live plotly view into the
-table's output and hides both while it shows. A saved notebook therefore
-holds a record that shows the figures wherever the widget cannot (kernel
-gone, nbconvert, GitHub, an untrusted notebook), never a "model not found";
-it says that a live chart stood there, and as of when. The record is
-re-sent every :data:`RECORD_EVERY_S` seconds and after a cell's end
-(:meth:`Dashboard.cell_ended`, at most every :data:`RECORD_MIN_S`).
-
-Streaming is one-way and incremental: after the widget's first state, a
-daemon thread ``nbmon-live`` sends at most ``refresh_hz`` times a second one
-custom message holding only the samples that arrived since the last one (x
-float64 seconds since the run's start, one float32 y per trace, as binary
-buffers), the title, and the cell bands that changed; nothing when nothing
-changed. The front end never answers (see js/dashboard.js).
-
-:meth:`Dashboard.freeze` stops the refresher and returns the final record.
-:func:`write_html` writes a self-contained offline page of a whole run (the
-CLI's ``--html``).
+:func:`warm` pays plotly's imports ahead (``%load_ext nbmon`` starts it in a
+thread); :func:`write_html` writes a self-contained offline page of a whole
+run (the CLI's ``--html``).
 """
 from __future__ import annotations
 
 import html
-import importlib
-import importlib.util
 import math
-import pathlib
-import sys
-import threading
-import time
-import uuid
 
 import numpy as np
 
-from .. import catalog, files
+from .. import catalog, memwarn
 from ..format import fmt
 from ..options import DEFAULT_WINDOW_S
 from ..render import html_table, png_img, text_table
-from .charts import ROWS, Record, record_timeline, traces_for
-from .frames import DEFAULT_BUDGET, build_frame, frame_bytes
+from ..summary import headline
+from . import live, pages
+from .charts import LIMIT_COLOR, Record, record_timeline, traces_for
+from .frames import DEFAULT_BUDGET, build_frame
+from .live import DEFAULT_REFRESH_HZ, Frame, Group, LiveView, ready
 
-__all__ = ["Dashboard", "THREAD_NAME", "frame_bytes", "record", "record_html", "warm", "write_html"]
+__all__ = ["Dashboard", "THREAD_NAME", "keep_cells", "ready", "record", "record_html", "warm", "write_html"]
 
 THREAD_NAME = "nbmon-live"
-DEFAULT_REFRESH_HZ = 2.0   # frames a second at most: ~2 KiB/s of websocket traffic at 10 Hz sampling
-RECORD_EVERY_S = 30.0      # the static record is re-sent this often, and after a cell's end...
-RECORD_MIN_S = 2.0         # ...but not more often than this (1,000 quick cells: not 1,000 records)
 MAX_CELLS = 2000           # cell bands held: those the window can show, at most this many
-TIMELINE_SAMPLES = 3       # a record's picture needs two samples after its window's opening one
 MARGIN_PX = 110            # title, legend and x axis around the rows
-LOADER = (pathlib.Path(__file__).parent / "static" / "dashboard.js").read_text(encoding="utf-8")
+WARNING_LINE, WARNING_NOTE = "nbmon-warning-line", "nbmon-warning"   # the front end finds them by name
 _EMPTY = np.empty(0, dtype=np.float32)
-_classes: dict[str, type] = {}
-_classes_lock = threading.Lock()
-_bundle_pushed = threading.Event()   # once per process: pages that missed it ask
 
 
 def _columns_of(monitor) -> list[str]:
@@ -80,123 +55,11 @@ def _columns_of(monitor) -> list[str]:
     return [c for c in store.columns if c not in container or not math.isnan(known.get(c, math.nan))]
 
 
-# -- plotly, lazily ----------------------------------------------------------------
-
 def warm() -> None:
     """Import plotly, make nbmon's FigureWidget class and a first figure
     (plotly loads its validators on first use): ~0.2 s, once per process."""
-    _import_plotly()
-    _widget_class()
+    live.widget_class()
     _figure(catalog.names(catalog.TREE) + catalog.names(catalog.MACHINE), "")
-
-
-def ready() -> bool:
-    """Whether a FigureWidget can be made now without waiting for imports."""
-    return "FigureWidget" in _classes
-
-
-class _Deferred:
-    """Stands for a module until an attribute of it is used, then imports it."""
-
-    def __init__(self, name: str):
-        self._name = name
-
-    def __getattr__(self, attr):
-        return getattr(importlib.import_module(self._name), attr)
-
-
-def _import_plotly() -> None:
-    """Import plotly's FigureWidget; nbformat (for plotly.io's mime
-    renderers, ``fig.show()``) only once plotly uses it. plotly asks for it
-    through ``_plotly_utils.optional_imports``, which skips a name it has
-    seen fail: told so while plotly.io imports, then given a stand-in that
-    imports nbformat on first use. Where plotly works otherwise, or is
-    already imported, this is a plain import."""
-    import _plotly_utils.optional_imports as optional
-
-    skipped = getattr(optional, "_not_importable", None)
-    defer = isinstance(skipped, set) and "nbformat" not in skipped and "nbformat" not in sys.modules \
-        and "plotly.io._renderers" not in sys.modules and importlib.util.find_spec("nbformat") is not None
-    if defer:
-        skipped.add("nbformat")
-    try:
-        import plotly.graph_objects as go
-
-        go.FigureWidget  # noqa: B018  (plotly imports its widget module on first use)
-    finally:
-        if defer:
-            skipped.discard("nbformat")
-            renderers = sys.modules.get("plotly.io._renderers")
-            if renderers is not None and getattr(renderers, "nbformat", False) is None:
-                renderers.nbformat = _Deferred("nbformat")
-
-
-def _widget_class() -> type:
-    with _classes_lock:
-        if "FigureWidget" not in _classes:
-            _classes["FigureWidget"] = _make_widget_class()
-        return _classes["FigureWidget"]
-
-
-def _make_widget_class() -> type:
-    import plotly
-    import plotly.graph_objects as go
-    import traitlets
-
-    bundle_path = pathlib.Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
-
-    class FigureWidget(go.FigureWidget):  # the same name: callers check it
-        """plotly's FigureWidget with nbmon's front end (js/dashboard.js):
-        plotly's bundle travels as a custom message (pushed once per
-        process, and on request), never as widget state, and the view sends
-        no echo of updates back."""
-
-        _esm = LOADER
-        # What the front end needs from the start, in the widget's first state:
-        # bundle (plotly's version), id (of the record to mount into), window
-        # (seconds shown), traces ([{index, column, unit}]: the streamed ones),
-        # cells (bands at creation), stale_s (silence that marks it not live),
-        # events (the plotly events the user's code asked for; "nbmon:events" after).
-        _nbmon = traitlets.Dict().tag(sync=True)
-
-        def __init__(self, figure=None, nbmon: dict | None = None):
-            self._nbmon_first = {"bundle": plotly.__version__, **(nbmon or {})}
-            super().__init__(figure)
-
-        @traitlets.default("_nbmon")
-        def _nbmon_default(self):
-            return self._nbmon_first
-
-        def send_bundle(self) -> None:
-            """Send plotly's bundle to the front end (js/dashboard.js: loadBundle)."""
-            self.send({"type": "nbmon:bundle"}, [bundle_path.read_bytes()])
-
-        def _handle_custom_msg(self, content, buffers):
-            # A method, not an on_msg callback: the request can come as soon as
-            # the comm opens, before this widget's __init__ has returned.
-            if isinstance(content, dict) and content.get("type") == "nbmon:bundle":
-                self.send_bundle()
-            else:
-                super()._handle_custom_msg(content, buffers)
-
-        def on_edits_completed(self, fn):
-            # The front end applies edits in order and sends no delta back to wait for.
-            fn()
-
-    return FigureWidget
-
-
-def _template():
-    import plotly.io as pio
-
-    # Transparent panels and grey grid lines read on a light and a dark page;
-    # the front end sets the font colour from JupyterLab's theme.
-    template = pio.templates["plotly_white"]
-    template.layout.update(paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
-    grid = "rgba(128,128,128,0.25)"
-    for axis in (template.layout.xaxis, template.layout.yaxis):
-        axis.update(gridcolor=grid, zerolinecolor=grid, linecolor=grid)
-    return template
 
 
 def _figure(columns, x_title: str):
@@ -244,21 +107,19 @@ def _figure(columns, x_title: str):
         title={"x": 0.01, "y": 0.99, "yanchor": "top", "font": {"size": 14}},
         height=MARGIN_PX + sum(row.px for row in rows), autosize=True,
         margin={"l": 60, "r": 60, "t": 70, "b": 40},
-        template=_template(), hovermode="x unified", uirevision="nbmon",
+        template=live.template(), hovermode="x unified", uirevision="nbmon",
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.01, "x": 0.0, "xanchor": "left",
                 "font": {"size": 10}},
     )
     return fig
 
 
+def _origin(store) -> float:
+    """x = 0 of a run's chart: its start, or its first sample held."""
+    return store.t_start if store.t_start == store.t_start else float(store.series([])[0][0])
+
+
 # -- static records ----------------------------------------------------------------
-
-def headline(latest: dict) -> str:
-    """The figures of a sample (``Store.latest_known``), meter-style, one per
-    chart row it has: 'CPU 3.1 % · RSS 120 MiB', plus the GPU's."""
-    return " · ".join(f"{row.short} {fmt(latest.get(row.headline), catalog.unit_of(row.headline))}"
-                      for row in ROWS if row.headline in latest)
-
 
 def record(monitor, live_id: str = "", state: str = "") -> Record:
     """Static record of a monitor's current (or last) run: its headline
@@ -272,20 +133,11 @@ def record(monitor, live_id: str = "", state: str = "") -> Record:
     stats = window.stats() if window is not None else None
     figures = headline(store.latest_known()) if store is not None and len(store) else "no sample yet"
     summary = monitor.summary()
-    when = time.strftime("%H:%M:%S", time.localtime(summary.end_time)) if summary.end_time else ""
-    if state:
-        tail = " · ".join(p for p in (state, f"as of {when}" if when else "") if p)
-    else:
-        tail = "a live chart stood here" + (f"; its figures as of {when}" if when else "")
+    tail = live.record_tail(state, summary.end_time)
     timeline = record_timeline(store, stats, stats.t_open if stats is not None else -math.inf)
     rows = summary.rows() + ([timeline.legend] if timeline is not None else [])
-    line = f"nbmon · {figures} · {tail}"
-    body = html_table("Resource summary", rows)
-    live = f' data-nbmon-live="{html.escape(live_id)}"' if live_id else ""
-    return Record(f'<div class="nbmon-live-record"{live}><div class="nbmon-live-static">'
-                  f'<div class="nbmon-live-headline"><b>nbmon</b> · {html.escape(figures)} · '
-                  f'{html.escape(tail)}</div>{body}</div></div>',
-                  line + "\n" + text_table("Resource summary", rows), timeline)
+    return Record(live.record_html(figures, tail, html_table("Resource summary", rows), live_id),
+                  f"nbmon · {figures} · {tail}\n" + text_table("Resource summary", rows), timeline)
 
 
 def record_html(monitor, live_id: str = "", state: str = "") -> str:
@@ -294,102 +146,63 @@ def record_html(monitor, live_id: str = "", state: str = "") -> str:
 
 
 def write_html(monitor, path, *, title: str | None = None,
-               budget_per_trace: int = 5000, overwrite: bool = False) -> str:
-    """Write a self-contained, offline HTML page of the monitor's run: the
-    static record and an interactive plotly chart of the whole run (x in
-    seconds since the run started; plotly.js embedded). Returns ``path``.
-    An existing name is FileExistsError unless ``overwrite``, which replaces
-    the name, never what a link there points to (:mod:`nbmon.files`)."""
-    import plotly.io as pio
-
+               budget_per_trace: int = 5000, overwrite: bool = False):
+    """Write a self-contained, offline HTML page of the monitor's run
+    (:func:`nbmon.notebook.pages.write_page`): the static record and an
+    interactive plotly chart of the whole run (x in seconds since the run
+    started). Returns ``path``; an existing name is FileExistsError unless
+    ``overwrite``."""
     fig = _figure(_columns_of(monitor), "seconds since start")
     store = monitor.store
     if store is not None and len(store):
-        live = [trace for trace in fig.data if trace.meta != "cells"]
-        columns = [trace.meta for trace in live]
+        traces = [trace for trace in fig.data if trace.meta != "cells"]
+        columns = [trace.meta for trace in traces]
         frame = build_frame(store, columns, math.inf, budget_per_trace, origin=_origin(store),
                             max_bytes=8 * budget_per_trace * max(1, len(columns)))
-        for trace, column in zip(live, columns):
+        for trace, column in zip(traces, columns):
             x, y = frame.get(column, (_EMPTY, _EMPTY))
             unit = catalog.unit_of(column)
             trace.update(x=x, y=y, text=[fmt(v, unit) for v in y.tolist()])
     name = title or "nbmon run"
     fig.update_layout(title_text=html.escape(name))
-    plot = pio.to_html(fig, include_plotlyjs=True, full_html=False, config={"displaylogo": False})
     static = record(monitor, state="stopped")
     picture = png_img(static.timeline.png, static.timeline.width, static.timeline.height) if static.timeline else ""
-    page = ('<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
-            f'<title>nbmon: {html.escape(name)}</title></head>'
-            '<body style="font-family:system-ui,sans-serif;margin:16px">'
-            f'<h3 style="margin:0 0 8px">nbmon: {html.escape(name)}</h3>'
-            f'{static.html}{picture}{plot}</body></html>\n')
-    files.write_text(path, page, overwrite=overwrite)
-    return path
-
-
-def _origin(store) -> float:
-    """x = 0 of a run's chart: its start, or its first sample held."""
-    return store.t_start if store.t_start == store.t_start else float(store.series([])[0][0])
+    return pages.write_page(path, name, static.html + picture, fig, overwrite=overwrite)
 
 
 # -- the live dashboard --------------------------------------------------------------
 
-class Dashboard:
+class Dashboard(LiveView):
     """Live plotly chart of a :class:`~nbmon.engine.Monitor`.
 
-    Rows and traces come from :mod:`charts`; x is seconds since the run
-    started and fits the data until ``window_s`` seconds are held, then
-    shows the last ``window_s``. ``widget`` is the FigureWidget (None until
-    built: with ``build=False`` the refresher thread builds it, so a caller
-    can display the record at once). ``cells`` is a list the caller fills
-    with cell executions ({id, n, label, t0, t1}, times on the monitor's
-    clock, t1 None while running) to draw as bands; those that ended before
-    the window are not sent (:func:`keep_cells` drops them). The refresher thread
-    starts at once (``start=False`` to drive :meth:`refresh` by hand) and
-    ends by itself, after a last refresh, once a monitor it saw running
-    stops. Failed refreshes are counted in ``errors`` (the last in
-    ``last_error``), never raised from the thread.
+    x is seconds since the run started and fits the data until ``window_s``
+    seconds are held, then shows the last ``window_s``. ``widget`` is the
+    FigureWidget (None until built: with ``build=False`` the refresher
+    thread builds it, so a caller can display the record at once). ``cells``
+    is a list the caller fills with cell executions ({id, n, label, t0, t1},
+    times on the monitor's clock, t1 None while running) to draw as bands;
+    those that ended before the window are not sent (:func:`keep_cells`
+    drops them). The refresher thread starts at once (``start=False`` to
+    drive :meth:`refresh` by hand) and ends by itself, after a last refresh,
+    once a monitor it saw running stops.
     """
+
+    THREAD_NAME = THREAD_NAME
 
     def __init__(self, monitor, window_s: float = DEFAULT_WINDOW_S, refresh_hz: float = DEFAULT_REFRESH_HZ,
                  budget_per_trace: int = DEFAULT_BUDGET, *, start: bool = True, build: bool = True,
                  cells: list | None = None):
-        for name, value in (("window_s", window_s), ("refresh_hz", refresh_hz)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a finite positive number, got {value!r}")
-        if isinstance(budget_per_trace, bool) or not isinstance(budget_per_trace, int) or budget_per_trace < 2:
-            raise ValueError(f"budget_per_trace must be a whole number >= 2, got {budget_per_trace!r}")
+        super().__init__(window_s, refresh_hz)
+        self.budget_per_trace = live.check_points("budget_per_trace", budget_per_trace)
         self.monitor = monitor
-        self.window_s = float(window_s)
-        self.refresh_hz = float(refresh_hz)
-        self.budget_per_trace = budget_per_trace
         self.cells = cells if cells is not None else []
-        self.live_id = uuid.uuid4().hex
-        self.handle = None          # the display handles of the record's table and picture,
-        self.picture_handle = None  # set by whoever displays them (:meth:`picture`)
-        self.refreshes = 0          # frames sent to the widget
-        self.skipped = 0            # refreshes with nothing new
-        self.errors = 0             # exceptions caught in the refresher thread
-        self.last_error: str | None = None
-        self.last_frame_bytes = 0
-        self.frozen = False
-        self.widget = None
         self.columns = [trace.column for trace in traces_for(_columns_of(monitor))[1]]
-        self._lock = threading.RLock()
         self._store = None
         self._seq = 0
         self._t0 = math.nan
         self._t_last = -math.inf
         self._sent_cells: dict = {}
-        self._events: tuple = ()    # plotly events the user's code asked for (sent to the front end)
-        self._recorded = time.monotonic()
-        self._record_due = False    # a cell ended since the record was last sent
-        self._shown: Record | None = None   # the record last displayed
-        self._shown_empty = False   # the record displayed had no sample yet
-        self._shown_bare = False    # ... or no timeline yet (fewer than two samples in its window)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._memory_axes: tuple | None = None   # (x, kernel y, machine y or None) of the memory row
         if build:
             self._build()
         if start:
@@ -403,6 +216,7 @@ class Dashboard:
             store = self.monitor.store
             traces = [k for k, trace in enumerate(fig.data) if trace.meta != "cells"]
             self.columns = [fig.data[k].meta for k in traces]   # the store's, once it has one
+            self._memory_axes = _memory_axes(fig)
             if store is not None and len(store):
                 self._attach(store)
                 frame = build_frame(store, self.columns, self.window_s, self.budget_per_trace, origin=self._t0)
@@ -414,10 +228,9 @@ class Dashboard:
                 fig.layout.title.text = "waiting for samples…"
             # No frame for stale_s seconds: the front end marks the chart as not live.
             stale_s = max(5.0, 3 * self.monitor.interval + 2 / self.refresh_hz)
-            self.widget = _widget_class()(fig, nbmon={
-                "id": self.live_id, "window": self.window_s, "cells": self._cell_updates(), "stale_s": stale_s,
-                "events": [],
-                "traces": [{"index": k, "column": c, "unit": catalog.unit_of(c)} for k, c in zip(traces, self.columns)]})
+            self._make_widget(fig, stale_s=stale_s, cells=self._cell_updates(), layout=self._warning_layout(),
+                              streams=[{"id": c, "unit": catalog.unit_of(c), "index": k}
+                                       for k, c in zip(traces, self.columns)])
 
     def _attach(self, store) -> None:
         # Samples up to seq are in the first state; later ones are appended.
@@ -447,188 +260,78 @@ class Dashboard:
                             "t0": cell["t0"] - t0, "t1": None if t1 is None else t1 - t0})
         return out
 
-    def _asked_events(self) -> tuple:
-        """The plotly events the user's code registered callbacks for on the
-        widget (``trace.on_hover``, ``layout.on_change``, ...): the front end
-        sends those, and only those, back to the kernel."""
-        asked = set()
-        for trace in self.widget.data:
-            for kind in ("hover", "unhover", "click", "select", "deselect"):
-                if getattr(trace, f"_{kind}_callbacks", None):
-                    asked.add(kind)
-            if trace._change_callbacks:
-                asked.add("restyle")
-        pending = [self.widget.layout]
-        while pending and "relayout" not in asked:
-            obj = pending.pop()
-            if obj._change_callbacks:
-                asked.add("relayout")
-            pending.extend(obj._compound_props.values())
-            pending.extend(child for children in obj._compound_array_props.values() for child in children)
-        return tuple(sorted(asked))
+    def _warning_layout(self) -> dict:
+        """The memory warning on the memory row: a dotted line at its
+        threshold, and a note while the warning holds (nothing without one)."""
+        watch = memwarn.attached(self.monitor)
+        if watch is None or watch.percent is None or watch.level is None or self._memory_axes is None:
+            return {}
+        level, (x, kernel_y, machine_y) = watch.level, self._memory_axes
+        container = level.kind == memwarn.CONTAINER
+        threshold = level.limit_mb * watch.percent / 100.0
+        yref = kernel_y if container else machine_y   # where the limit itself is drawn
+        shapes = [] if yref is None else [{
+            "type": "line", "name": WARNING_LINE, "xref": f"{x} domain", "x0": 0, "x1": 1, "yref": yref,
+            "y0": threshold, "y1": threshold, "layer": "above",
+            "line": {"width": 1.2, "dash": "dot", "color": LIMIT_COLOR},
+            "label": {"text": f"memory warning {fmt(watch.percent, '%')}", "textposition": "end",
+                      "font": {"size": 9}}}]
+        notes = []
+        if watch.warning is not None:
+            text = (f"memory warning: the container is over {fmt(watch.percent, '%')} of its "
+                    f"{fmt(level.limit_mb, 'MiB')} limit" if container else
+                    f"memory warning: the machine's memory is over {fmt(watch.percent, '%')} used "
+                    f"(of {fmt(level.limit_mb, 'MiB')})")
+            notes.append({"name": WARNING_NOTE, "text": html.escape(text, quote=False), "xref": f"{x} domain",
+                          "yref": f"{kernel_y} domain", "x": 0.0, "y": 1.0, "xanchor": "left",
+                          "yanchor": "bottom", "showarrow": False, "font": {"size": 11, "color": LIMIT_COLOR}})
+        return {"shapes": shapes, "annotations": notes}
 
     # -- refreshing --------------------------------------------------------
-    def refresh(self, force: bool = False) -> bool:
-        """Send the samples (and cell bands) new since the last frame; False,
-        and nothing sent, when there are none, unless ``force`` (which sends
-        the title even so)."""
-        with self._lock:
-            store = self.monitor.store
-            if store is None or self.widget is None:
-                return False
-            if store is not self._store:  # built before the run started: every sample is new
-                self._store, self._seq, self._t0 = store, 0, _origin(store)
-            t, _wall, rows, seq, _lost = store.rows_since(self._seq)
-            fresh = t > self._t_last   # a sample already in the first state is not sent again
-            cells = self._cell_updates()
-            self._seq = seq
-            events = self._asked_events()
-            if events != self._events:
-                self._events = events
-                self.widget.send({"type": "nbmon:events", "events": list(events)})
-            if not fresh.any() and not cells and not force:
-                self.skipped += 1
-                return False
-            index = [store.columns.index(c) for c in self.columns]
-            buffers = [(t[fresh] - self._t0).astype(np.float64).tobytes()]
-            buffers += [rows[j][fresh].astype(np.float32).tobytes() for j in index]
-            if fresh.any():
-                self._t_last = float(t[fresh][-1])
-            self.widget.send({"type": "nbmon:append", "title": self._title(store), "cells": cells}, buffers)
-            self.refreshes += 1
-            self.last_frame_bytes = sum(len(b) for b in buffers)
-            return True
-
-    def start(self) -> "Dashboard":
-        """Start the refresher thread (a no-op while it runs)."""
-        with self._lock:
-            if self._thread is not None and self._thread.is_alive():
-                return self
-            self.frozen = False
-            self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._run, args=(self._stop,), name=THREAD_NAME, daemon=True)
-            self._thread.start()
-            return self
-
-    def _counted(self, step) -> None:
-        try:
-            step()
-        except Exception as err:  # never die, never print: count it
-            self.errors += 1
-            self.last_error = f"{type(err).__name__}: {err}"
+    def _frame(self, force: bool) -> Frame | None:
+        """The samples (and cell bands) new since the last frame."""
+        store = self.monitor.store
+        if store is None:
+            return None
+        if store is not self._store:  # built before the run started: every sample is new
+            self._store, self._seq, self._t0 = store, 0, _origin(store)
+        t, _wall, rows, seq, _lost = store.rows_since(self._seq)
+        fresh = t > self._t_last   # a sample already in the first state is not sent again
+        cells = self._cell_updates()
+        self._seq = seq
+        self._declare(layout=self._warning_layout())
+        if not fresh.any() and not cells and not force:
+            return None
+        index = [store.columns.index(c) for c in self.columns]
+        group = Group(list(self.columns), t[fresh] - self._t0, [rows[j][fresh] for j in index])
+        if fresh.any():
+            self._t_last = float(t[fresh][-1])
+        return Frame(self._title(store), [group], cells)
 
     def _samples(self) -> int:
         store = self.monitor.store
         return 0 if store is None else store.seq
 
-    def _sampled(self) -> bool:
-        return self._samples() > 0
+    def _source_running(self) -> bool:
+        return self.monitor.running
 
-    def _run(self, stop: threading.Event) -> None:
-        if self.widget is None:
-            # The first figures into the record (a sampler's first sample comes
-            # within a few hundred ms), then the chart, which can take seconds.
-            deadline = time.monotonic() + 2.0
-            while not self._sampled() and time.monotonic() < deadline and not stop.wait(0.02):
-                pass
-            if self._shown_empty and self._sampled():
-                self._counted(self.update_record)
-            self._counted(self._build)
-        if self.widget is not None and not _bundle_pushed.is_set():
-            # At once: JupyterLab handles a comm's messages only once its model
-            # exists, and anywidget only once the front end's initialize() ran.
-            _bundle_pushed.set()
-            self._counted(self.widget.send_bundle)
-        period = 1.0 / self.refresh_hz
-        seen_running = False
-        while True:
-            began = time.monotonic()
-            running = bool(self.monitor.running)
-            seen_running = seen_running or running
-            self._counted(self.refresh)
-            since = began - self._recorded
-            if since >= RECORD_EVERY_S or (self._record_due and since >= RECORD_MIN_S) \
-                    or (self._shown_empty and self._sampled()) \
-                    or (self._shown_bare and self._samples() >= TIMELINE_SAMPLES):
-                self._counted(self.update_record)
-            if seen_running and not running:
-                # A sample taken just as the monitor stopped can land after the
-                # refresh above; the monitor's stop() waits at most interval + 0.1 s
-                # for its sampler, so one more refresh after that draws it.
-                grace = min(1.0, float(getattr(self.monitor, "interval", 0.1)) + 0.1)
-                if not stop.wait(grace):
-                    self._counted(self.refresh)
-                return
-            if stop.wait(max(0.0, period - (time.monotonic() - began))):
-                return
+    def _grace_s(self) -> float:
+        # The monitor's stop() waits at most interval + 0.1 s for its sampler.
+        return min(1.0, float(getattr(self.monitor, "interval", 0.1)) + 0.1)
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+    def _make_record(self, live_id: str, state: str) -> Record:
+        return record(self.monitor, live_id, state)
 
-    def stop(self, timeout: float = 1.0) -> bool:
-        """Stop the refresher; True when the thread has ended within ``timeout``."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-            return not thread.is_alive()
-        return True
 
-    # -- static record -----------------------------------------------------
-    def _record(self) -> Record:
-        self._shown = record(self.monitor, "" if self.frozen else self.live_id,
-                             "stopped" if self.frozen else "")
-        # Too few samples for a picture: re-sent once there are enough, so that
-        # a notebook saved soon after %resmon has one.
-        self._shown_bare = self._shown.timeline is None and self._samples() < TIMELINE_SAMPLES
-        return self._shown
-
-    def picture(self):
-        """The record's timeline picture, to display (with a display id) as
-        the output after the record's table; the front end hides it while
-        the live chart shows."""
-        return (self._shown or self._record()).picture()
-
-    def update_record(self) -> None:
-        """Re-send the displayed record with the figures so far (a no-op
-        until it has been displayed through a handle)."""
-        self._recorded, self._record_due = time.monotonic(), False
-        if self.handle is not None and not self.frozen:
-            self._shown_empty = not self._sampled()
-            shown = self._record()
-            self.handle.update(shown.table())
-            if self.picture_handle is not None:
-                self.picture_handle.update(shown.picture())
-
-    def cell_ended(self) -> None:
-        """A cell ended: re-send the record now, or once :data:`RECORD_MIN_S`
-        have passed since the last (the refresher thread then sends it)."""
-        if time.monotonic() - self._recorded >= RECORD_MIN_S or not self.running:
-            self.update_record()
-        else:
-            self._record_due = True
-
-    def freeze(self, timeout: float = 1.0) -> Record:
-        """Stop refreshing, send the last samples, and return the run's
-        final static record (no widget state needed)."""
-        self.stop(timeout)
-        self.frozen = True
-        self._counted(lambda: self.refresh(force=True))
-        return self._record()
-
-    def close(self) -> Record:
-        """Freeze, then close the widget's comm; returns the static record."""
-        final = self.freeze()
-        if self.widget is not None:
-            # Said first, so that the front end does not mark the chart "disconnected".
-            self._counted(lambda: self.widget.send({"type": "nbmon:stopped"}))
-            self.widget.close()
-        return final
-
-    def _repr_mimebundle_(self, **kwargs):
-        self._shown_empty = not self._sampled()
-        return self._record().table()._repr_mimebundle_()
+def _memory_axes(fig) -> tuple | None:
+    """(x, kernel y, machine y or None) of the memory row of a :func:`_figure`."""
+    memory = {catalog.metric_of(t.meta).source: t for t in fig.data
+              if t.meta != "cells" and catalog.metric_of(t.meta).chart == "memory"}
+    kernel = memory.get(catalog.TREE)
+    if kernel is None:
+        return None
+    machine = memory.get(catalog.MACHINE)
+    return kernel.xaxis or "x", kernel.yaxis or "y", machine.yaxis if machine is not None else None
 
 
 def keep_cells(cells: list, now: float, window_s: float) -> None:

@@ -103,7 +103,7 @@ class ResmonMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
         self.dashboards: list = []   # (Dashboard, display handles of its table and picture)
-        self.cluster_views: list = []   # (nbmon.notebook.cluster.ClusterView, display handle)
+        self.cluster_views: list = []   # nbmon.notebook.cluster.ClusterView, displayed
         self.cells: list[dict] = []   # cell executions while a dashboard shows: its bands
         self.auto_threshold_s: float | None = None
         self._auto_started_monitor = False
@@ -271,14 +271,21 @@ class ResmonMagics(Magics):
             watch = nbmon_dask.watch(nbmon_dask.client_named(self.shell.user_ns, name), options)
         except (ValueError, RuntimeError, ImportError) as err:
             raise UsageError(str(err)) from None
-        view = watch.view(window, start=False)
-        self.cluster_views.append((view, display(view, display_id=True)))
+        from .cluster import ClusterView
+
+        watch.ready()
+        view = ClusterView(watch, window_s=window, start=False)
+        view.handle = display(view, display_id=True)
+        view.picture_handle = display(view.picture(), display_id=True)   # the timeline: an output of its own
+        self.cluster_views.append(view)
         view.start()
 
     def _unwatch_cluster(self) -> None:
         left = nbmon_dask.unwatch()
-        for view, handle in self.cluster_views:
-            handle.update(HTML(view.close()))
+        for view in self.cluster_views:
+            final = view.close()
+            view.handle.update(final.table())
+            view.picture_handle.update(final.picture())
         self.cluster_views.clear()
         for worker, threads in left.items():
             print(printable(f"nbmon: still running on worker {worker}: {', '.join(threads)}"))

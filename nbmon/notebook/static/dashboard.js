@@ -124,8 +124,15 @@ function barFraction(value, max) {
 //     kernel sends the list, "nbmon:events").
 //   * New samples do not travel as plotly trait updates (whole arrays, twice
 //     per frame) but as one custom message per frame holding only the new
-//     points ("nbmon:append": x float64, one float32 y per live trace, the
-//     title, changed cell bands). Nothing is sent back.
+//     points ("nbmon:append": groups of streams that share their x, float64,
+//     one float32 y per stream; a group may replace its streams' points; the
+//     title; changed cell bands). Nothing is sent back.
+//
+// The streams (the traces fed with points) and a layout patch (shapes,
+// annotations, margins laid over the figure's) are in the widget's state,
+// "_nbmon": a stream is one of the figure's traces ({id, unit, index}) or
+// one this module adds ({id, unit, trace}: a Dask worker that joined). The
+// kernel re-sends them when they change (rare: joins, leaves, a warning).
 //
 // The cost of a view stays flat whatever the chart's age and the cells run:
 //   * the points of the window are held per trace (Series: bounded, older
@@ -350,6 +357,10 @@ export class Series {
       this.text[this.end] = fmt(ys[i], this.unit);
       this.end += 1;
     }
+  }
+
+  clear() {
+    this.start = this.end = 0;
   }
 
   /** Drop the points before ``x`` (the oldest one that the window shows stays first). */
@@ -580,6 +591,11 @@ class Live {
       this.drawAll();
     };
     model.on("change", this.onEdit);
+    this.onDeclared = () => {
+      this.nbmon = model.get("_nbmon");
+      if (this.series) this.declare(this.nbmon.streams);
+    };
+    model.on("change:_nbmon", this.onDeclared);
     for (const cell of this.nbmon.cells || []) this.cells.set(cell.id, cell);
     this.sortCells();
     this.ready = loadBundle(model).then(({ mod, Plotly }) => {
@@ -603,27 +619,43 @@ class Live {
   taken() {
     if (this.series) return true;
     const data = this.model.get("_widget_data");
-    if (!this.nbmon.traces.every((trace) => data?.[trace.index])) return false;
-    this.axes = this.nbmon.traces.map((trace) => data[trace.index].yaxis || "y");
-    this.series = this.nbmon.traces.map((trace) => {
-      const target = data[trace.index];
-      const series = new Series(trace.unit);
-      series.push(typed(target.x), typed(target.y));
-      Object.assign(target, { x: [], y: [], text: [] });
-      return series;
-    });
+    if (!this.nbmon.streams.every((stream) => stream.trace || data?.[stream.index])) return false;
+    this.series = new Map();
+    this.declare(this.nbmon.streams, data);
     return true;
+  }
+
+  /**
+   * The streams as now declared: a Series each (one kept where its id was
+   * declared before, new ones from their trace's points), in order.
+   */
+  declare(streams, data = this.model.get("_widget_data")) {
+    const series = new Map();
+    for (const stream of streams) {
+      let s = this.series.get(stream.id);
+      if (!s) {
+        s = new Series(stream.unit);
+        const source = stream.trace ?? data[stream.index];
+        s.push(typed(source.x), typed(source.y));
+        if (!stream.trace) Object.assign(source, { x: [], y: [], text: [] });
+      }
+      s.stream = stream;
+      s.axis = (stream.trace ?? data[stream.index])?.yaxis || "y";
+      series.set(stream.id, s);
+    }
+    this.series = series;
+    this.drawAll();
   }
 
   get last() {
     let last = -Infinity;
-    for (const s of this.series) if (s.length && s.last > last) last = s.last;
+    for (const s of this.series.values()) if (s.length && s.last > last) last = s.last;
     return last;
   }
 
   get first() {
     let first = Infinity;
-    for (const s of this.series) if (s.length && s.first < first) first = s.first;
+    for (const s of this.series.values()) if (s.length && s.first < first) first = s.first;
     return first;
   }
 
@@ -724,10 +756,19 @@ class Live {
     if (msg.type === "nbmon:events") this.events = new Set(msg.events);
     if (msg.type !== "nbmon:append" || !this.taken()) return;
     this.heard = performance.now();
-    const x = bufferOf(buffers[0], Float64Array);
-    this.series.forEach((series, k) => series.push(x, bufferOf(buffers[k + 1], Float32Array)));
+    let at = 0;
+    for (const group of msg.groups || []) {
+      const x = bufferOf(buffers[at++], Float64Array);
+      for (const id of group.ids) {
+        const y = bufferOf(buffers[at++], Float32Array);
+        const series = this.series.get(id);   // a stream since undeclared: its points go
+        if (!series) continue;
+        if (group.replace) series.clear();
+        series.push(x, y);
+      }
+    }
     const oldest = this.last - this.nbmon.window;
-    for (const series of this.series) series.trim(oldest);
+    for (const series of this.series.values()) series.trim(oldest);
     if (msg.title != null) this.title = msg.title;
     if (msg.cells?.length) {
       for (const cell of msg.cells) this.cells.set(cell.id, cell);
@@ -794,12 +835,13 @@ class Live {
     const full = view.root._fullLayout;
     const px = Math.max(50, full?._size?.w || view.root.clientWidth - 120);
     const range = this.range(view, px);
-    if (!(range.x1 > range.x0) && !this.series.some((s) => s.length)) return;
+    const series = [...this.series.values()];
+    if (!(range.x1 > range.x0) && !series.some((s) => s.length)) return;
     const columns = Math.max(1, Math.floor(px / BUCKET_PX));
-    const points = this.series.map((s) => decimate(s, range.x0, range.x1, columns, range.edges));
+    const points = series.map((s) => decimate(s, range.x0, range.x1, columns, range.edges));
     const pxPerS = px / (range.x1 - range.x0 || 1);
     const groups = bandGroups(this.sorted, range.x0, range.x1, pxPerS, this.last);
-    const sig = signature(this.axes, points, groups, range, px, full,
+    const sig = signature(series.map((s) => s.axis), points, groups, range, px, full,
       [JSON.stringify(view.theme), this.edits, view.width, full?.height, full?.legend?._height]);
     if (view.sig === sig) {
       this.setTitle(view);
@@ -808,7 +850,7 @@ class Live {
     view.sig = sig;
     view.drawn = { ...range, px };
     view.drawnAt = performance.now();
-    this.Plotly.react(view.root, this.data(points, groups), this.layout(view, groups, pxPerS),
+    this.Plotly.react(view.root, this.data(series, points, groups), this.layout(view, groups, pxPerS),
       { ...this.model.get("_config"), displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE });
     view.title = this.title;
   }
@@ -821,8 +863,14 @@ class Live {
     view.title = this.title;
   }
 
-  data(points, groups) {
-    const live = new Map(this.nbmon.traces.map((t, k) => [t.index, k]));
+  /** The figure's traces, the streamed ones with their ``points``, then the streams' own traces. */
+  data(series, points, groups) {
+    const live = new Map();
+    const added = [];
+    series.forEach((s, k) => {
+      if (s.stream.trace) added.push({ ...s.stream.trace, ...points[k] });
+      else live.set(s.stream.index, k);
+    });
     const bars = { x: [], width: [], hovertext: [] };
     for (const group of groups) {
       bars.x.push((group.a + group.b) / 2);
@@ -835,11 +883,13 @@ class Live {
       if (live.has(i)) Object.assign(out, points[live.get(i)]);
       if (trace.meta === "cells") Object.assign(out, bars, { y: bars.x.map(() => 1) });
       return out;
-    });
+    }).concat(added);
   }
 
   layout(view, groups, pxPerS) {
-    const stored = this.model.get("_widget_layout");
+    // The kernel's patch over the figure's layout: its shapes and notes added, the rest replaced.
+    const { shapes: marks = [], annotations = [], ...patch } = this.nbmon.layout || {};
+    const stored = { ...this.model.get("_widget_layout"), ...patch };
     const theme = view.theme || themeOf(view.root);
     const end = view.drawn.x1;
     const shapes = groups.map((group, k) => {
@@ -860,7 +910,8 @@ class Live {
       ...this.top(view, stored),
       font: { ...(stored.font || {}), color: theme.fg },
       hoverlabel: { bgcolor: theme.bg, bordercolor: theme.grid, font: { color: theme.fg } },
-      shapes: (stored.shapes || []).filter((s) => s.name !== "nbmon-cell").concat(shapes),
+      shapes: (stored.shapes || []).filter((s) => s.name !== "nbmon-cell").concat(marks, shapes),
+      annotations: (stored.annotations || []).concat(annotations),
       datarevision: (view.revision = (view.revision || 0) + 1),
     };
   }
@@ -891,6 +942,7 @@ class Live {
     clearInterval(this.watch);
     this.model.off("msg:custom", this.onMessage);
     this.model.off("change", this.onEdit);
+    this.model.off("change:_nbmon", this.onDeclared);
     PAGE.lives.delete(this.id);
     for (const view of [...this.views.values()]) {
       const record = view.record;
