@@ -503,7 +503,7 @@ def memory_figures() -> dict:
     times = []
     for _ in range(21):
         t0 = time.perf_counter()
-        summarize(w.stats(), peak_exact=True)
+        summarize(w.stats())
         times.append((time.perf_counter() - t0) * 1000)
     samples = [ResourceSample(timestamp=i * 0.1, cpu_percent=1.0, rss_mb=100.0, gpu_util=None, gpu_mem_mb=None)
                for i in range(1_000_000)]
