@@ -158,12 +158,16 @@ def cells_run(browser, lab, n: int, idle_s: float, nbmon: bool = True) -> dict:
 def back_in_view(page, timeout_s: float = 300) -> bool:
     """Scroll the notebook back to its top until the dashboard shows (JupyterLab
     renders only the cells in view, and may scroll to the active cell again)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         page.evaluate("document.querySelector('.jp-WindowedPanel-outer').scrollTop = 0")
         page.wait_for_timeout(1000)
-        box = page.locator(".nbmon-live-record").first.bounding_box(timeout=1000) \
-            if page.locator(".nbmon-live-record").count() else None
+        try:
+            box = page.locator(".nbmon-live-record").first.bounding_box(timeout=1000)
+        except PlaywrightTimeout:   # not rendered (yet), or re-rendered under the locator
+            continue
         if box and 0 <= box["y"] < 1000:
             return True
     return False

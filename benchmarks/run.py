@@ -45,11 +45,14 @@ SLEEPER = "import time\nwhile True: time.sleep(1)"
 class Run:
     """What a contender reports for one monitored workload."""
 
-    def __init__(self, times, peak_mb, sampler_cpu_s, samples):
+    def __init__(self, times, peak_mb, sampler_cpu_s, samples, base_mb=None):
         self.times = np.asarray(times, dtype=float)
         self.peak_mb = peak_mb
         self.sampler_cpu_s = sampler_cpu_s   # CPU the monitoring itself used (thread or process)
         self.samples = samples
+        # The contender's own figure before the workload, where it differs from the RSS: nbmon's
+        # headline is PSS, below RSS by the pages shared with other processes (the parent's libraries).
+        self.base_mb = base_mb
 
 
 def thread_cpu_s(tid: int) -> float:
@@ -81,8 +84,8 @@ def run_nbmon(backend, exact_peaks=False):
         workload()
         c1 = cpu()
         monitor.stop()
-        t, _, cols = monitor.store.series(["proc_rss_mb"])
-        return Run(t, monitor.summary().peak_mem_mb, c1 - c0, len(t))
+        t, _, cols = monitor.store.series(["proc_pss_mb"])
+        return Run(t, monitor.summary().peak_mem_mb, c1 - c0, len(t), base_mb=float(cols["proc_pss_mb"][0]))
     return run
 
 
@@ -467,7 +470,7 @@ def one_spike(name: str) -> None:
     np.ones(1)
     base = psutil.Process().memory_info().rss / MIB
     run = {**CONTENDERS, **SPIKE_ONLY}[name](spike(), 0.1)
-    print("caught" if run.peak_mb - base >= 0.9 * 160 else "missed")
+    print("caught" if run.peak_mb - (base if run.base_mb is None else run.base_mb) >= 0.9 * 160 else "missed")
 
 
 def repeated_spikes(name: str, trials: int) -> int:
@@ -475,7 +478,8 @@ def repeated_spikes(name: str, trials: int) -> int:
     (the kernel between cells: its mark is the first spike's after the first)."""
     work = spike()
     base = psutil.Process().memory_info().rss / MIB
-    return sum({**CONTENDERS, **SPIKE_ONLY}[name](work, 0.1).peak_mb - base >= 0.9 * 160 for _ in range(trials))
+    runs = [{**CONTENDERS, **SPIKE_ONLY}[name](work, 0.1) for _ in range(trials)]
+    return sum(r.peak_mb - (base if r.base_mb is None else r.base_mb) >= 0.9 * 160 for r in runs)
 
 
 def sampler_cpu(names, interval: float, rounds: int, work) -> dict:
