@@ -296,7 +296,7 @@ class ClusterView(LiveView):
                 groups += self._left(feeds, force)
                 groups += self._workers(feeds, force, MAX_FRAME_BYTES - sum(g.bytes for g in groups))
         self._seq, self._sent_at = seq, now_s
-        return Frame(self._title(feeds), groups)
+        return Frame(self._title(feeds, stopped=self.frozen), groups)
 
     def _grid(self, feeds, edges, stale_s: float) -> tuple[Group, float]:
         """The cluster's totals (and the compact view's bands) at each of
@@ -382,14 +382,14 @@ class ClusterView(LiveView):
                       [np.array([end.get(shown_column(row.headline), math.nan) for end in ends], dtype=np.float32)
                        for row in self.rows], replace=True)]
 
-    def _title(self, feeds) -> str:
+    def _title(self, feeds, stopped: bool = False) -> str:
         live_now = sum(f.state == "live" for f in feeds)
         gone = len(feeds) - live_now
         if not feeds:
             return "waiting for the workers…"
         parts = [f"Dask cluster · {live_now} worker{'s' if live_now != 1 else ''}" + (f" · {gone} left" if gone else ""),
                  headline(self._latest)]
-        return " · ".join(p for p in parts if p) + (" · stopped" if self.frozen else "")
+        return " · ".join(p for p in parts if p) + (" · stopped" if stopped else "")
 
     # -- what LiveView asks --------------------------------------------------------
     def _samples(self) -> int:
@@ -411,7 +411,7 @@ class ClusterView(LiveView):
         ends = [f.store.latest().get("wall", math.nan) for f in feeds]
         end_time = max((w for w in ends if w == w), default=None)
         tail = live.record_tail(state, end_time)
-        figures = self._title(feeds).removesuffix(" · stopped")
+        figures = self._title(feeds)
         text = "\n".join([f"nbmon · {figures} · {tail}", workers_text(title, workers), *said])
         return Record(live.record_html(figures, tail, body, live_id, cls="nbmon-cluster-record"), text,
                       self._timeline(feeds))

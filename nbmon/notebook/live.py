@@ -42,6 +42,7 @@ with that import deferred to nbformat's first use (~0.1 s instead of 1.2 s,
 """
 from __future__ import annotations
 
+import html
 import importlib
 import importlib.util
 import math
@@ -474,8 +475,6 @@ def record_html(title_line: str, tail: str, body: str, live_id: str, cls: str = 
     """A live view's record: its headline (``title_line``, then ``tail``),
     then ``body`` (tables), in the element a live chart mounts into
     (``live_id``: the widget's, "" for none)."""
-    import html
-
     live = f' data-nbmon-live="{html.escape(live_id)}"' if live_id else ""
     return (f'<div class="nbmon-live-record{" " + cls if cls else ""}"{live}><div class="nbmon-live-static">'
             f'<div class="nbmon-live-headline"><b>nbmon</b> · {html.escape(title_line)} · '
