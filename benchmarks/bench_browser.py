@@ -11,7 +11,8 @@ on its own JupyterLab), runs alternated between the variants:
 
 - start and idle, ``--runs`` times: ``%load_ext nbmon`` and ``%resmon``
   ("cold": Run All, the two cells back to back; "warm": the extension loaded
-  5 s before ``%resmon``): the kernel starts ``%resmon`` (execute_input) ->
+  5 s before ``%resmon``; "two": two ``%resmon`` cells, two dashboards on
+  the page, times to the second): the kernel starts ``%resmon`` (execute_input) ->
   its first display_data reaches the page; -> the widget's comm opens; -> a
   plotly chart with points is in the page; then over ``--idle`` seconds
   (default 30): messages browser -> kernel, kernel status messages, kernel ->
@@ -52,7 +53,8 @@ from dashboard_page import (INIT_SCRIPT, browser_pids, cpu_seconds, execute_time
                             kernel_pids, redraw_figures)
 
 START = {"cold": ["%load_ext nbmon", "%resmon"],
-         "warm": ["%load_ext nbmon", "import time; time.sleep(5)", "%resmon"]}
+         "warm": ["%load_ext nbmon", "import time; time.sleep(5)", "%resmon"],
+         "two": ["%load_ext nbmon", "%resmon", "%resmon"]}
 AGE = ["%load_ext nbmon", "%resmon"]
 PLAIN = "no nbmon"   # the cells table's column of the page alone
 
@@ -274,7 +276,8 @@ def main() -> None:
             for lab in labs.values():
                 lab.stop()
     load_after = os.getloadavg()
-    what = {"cold": "%resmon right after %load_ext", "warm": "%load_ext 5 s before"}
+    what = {"cold": "%resmon right after %load_ext", "warm": "%load_ext 5 s before",
+            "two": "two dashboards on the page"}
     start_keys = list(next(iter(started.values()))["cold"][0])
     costs = ["Chromium CPU %", "redraws / s", "redraw ms, median", "redraw ms, p90"]
     in_view = costs + ["dashboard in view"]

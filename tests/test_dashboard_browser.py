@@ -120,7 +120,7 @@ class Page:
                     hover: (plot.data.find(t => t.meta === 'cells') || {}).hovertext || [],
                     bands: (plot._fullLayout.shapes || []).filter(s => s.name === 'nbmon-cell').map(s => [s.x0, s.x1]),
                     last: Math.max(...plot.data.filter(t => t.meta !== 'cells').map(t => t.x[t.x.length - 1] ?? -1)),
-                    xrange: plot._fullLayout.xaxis.range};
+                    xrange: plot._fullLayout.xaxis.range, yrange: plot._fullLayout.yaxis2.range};
         }""")
 
     def contrasts(self) -> dict:
@@ -346,6 +346,20 @@ def test_the_window_holds_and_hover_zoom_or_resize_send_nothing(lab, browser):
         # a double click follows the window again
         page.page.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         wait_for(lambda: page.chart()["xrange"][1] > zoomed[1] + 1, 30, "the chart to follow the window again")
+        # a zoom of the kernel's axis (the front end sets every range) stays too, until a double click
+        middle = box["x"] + box["width"] / 2
+        full_y = page.chart()["yrange"]
+        page.page.mouse.move(middle, box["y"] + box["height"] * 0.3)
+        page.page.mouse.down()
+        page.page.mouse.move(middle, box["y"] + box["height"] * 0.7, steps=8)
+        page.page.mouse.up()
+        page.page.wait_for_timeout(500)
+        zoomed_y = page.chart()["yrange"]
+        assert zoomed_y[0] > 0 and zoomed_y[1] - zoomed_y[0] < 0.6 * (full_y[1] - full_y[0]), (full_y, zoomed_y)
+        page.page.wait_for_timeout(2500)
+        assert page.chart()["yrange"] == zoomed_y
+        page.page.mouse.dblclick(middle, box["y"] + box["height"] / 2)
+        wait_for(lambda: page.chart()["yrange"][0] == 0, 30, "the kernel's axis to follow its points again")
         assert page.sent(t0) == [], page.sent(t0)
 
         # half the width: nothing sent, and still legible (no title under the legend or the toolbar)

@@ -65,7 +65,7 @@ def warm() -> None:
 def _figure(columns, x_title: str):
     """Empty subplots (shared x) from charts.ROWS: per row the kernel's own
     traces on a left axis drawn on top, machine-wide ones as light bands on a
-    right axis beneath, and over the first row an invisible bar trace
+    right axis beneath, and in the first row an invisible bar trace
     ("cells") that gives the cell bands their hover text."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -94,15 +94,10 @@ def _figure(columns, x_title: str):
                          **({"range": list(row.machine_range)} if machine and row.machine_range else {}))
     fig.update_xaxes(title_text=x_title, row=n, col=1)
     fig.update_xaxes(hoverformat=".1f")   # the hover's header: seconds, not 9.301387
-    # Fixed margins and labels drawn where they fall: plotly otherwise measures
-    # every tick label against the page at every redraw (half of a redraw's time).
-    fig.update_xaxes(ticklabeloverflow="allow", automargin=False)
-    fig.update_yaxes(ticklabeloverflow="allow", automargin=False)
-    cells_axis = 2 * n + 1
-    fig.add_trace(go.Bar(x=[], y=[], meta="cells", name="cells", xaxis="x", yaxis=f"y{cells_axis}",
-                         marker={"color": "rgba(0,0,0,0)"}, hoverinfo="text", showlegend=False))
-    fig.update_layout({f"yaxis{cells_axis}": {"overlaying": "y", "range": [0, 1], "visible": False,
-                                              "fixedrange": True}})
+    # On the first row's kernel axis, as high as the front end draws it: an axis
+    # of its own would be a subplot more to draw (a seventh of a redraw).
+    fig.add_trace(go.Bar(x=[], y=[], meta="cells", name="cells", marker={"color": "rgba(0,0,0,0)"},
+                         hoverinfo="text", showlegend=False), row=1, col=1, secondary_y=True)
     fig.update_layout(
         title={"x": 0.01, "y": 0.99, "yanchor": "top", "font": {"size": 14}},
         height=MARGIN_PX + sum(row.px for row in rows), autosize=True,

@@ -187,15 +187,18 @@ def _make_widget_class() -> type:
 
 def template():
     """nbmon's plotly template: transparent panels and grey grid lines that
-    read on a light and a dark page; the front end sets the font colour
-    from the page's theme."""
+    read on a light and a dark page (the front end sets the font colour
+    from the page's theme); tick labels level, drawn where they fall, in
+    fixed margins: plotly otherwise measures every new label against the
+    page, and tries angles for the x axis's, at every redraw."""
     import plotly.io as pio
 
     template = pio.templates["plotly_white"]
     template.layout.update(paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
     grid = "rgba(128,128,128,0.25)"
     for axis in (template.layout.xaxis, template.layout.yaxis):
-        axis.update(gridcolor=grid, zerolinecolor=grid, linecolor=grid)
+        axis.update(gridcolor=grid, zerolinecolor=grid, linecolor=grid, ticklabeloverflow="allow", automargin=False)
+    template.layout.xaxis.tickangle = 0
     return template
 
 

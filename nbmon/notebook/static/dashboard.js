@@ -147,8 +147,10 @@ function barFraction(value, max) {
 //   * nothing is redrawn unless something would move by a pixel (the x range,
 //     a point, a band, the theme, the size: signature()), new points at most
 //     every two seconds (REDRAW_MS); the title, which changes with every frame,
-//     is set as text; plotly is given the chart's width, so that it never
-//     measures the page (a layout of all of it) to draw;
+//     is set as text (plotly draws the same one every time: a new text is
+//     measured against the page); plotly is given the chart's width, so that
+//     it never measures the page (a layout of all of it) to draw, and every
+//     axis's range (ranges()), so that it computes none (a sixth of a redraw);
 //   * one observer, one theme watcher and one visibility listener per page,
 //     for every dashboard in it; every listener is removed with its view.
 //
@@ -172,7 +174,8 @@ const CSS = `
 .jp-OutputArea-child:has(.nbmon-live-record.nbmon-live-mounted) + .jp-OutputArea-child:has(.jp-RenderedImage) {
   display: none;
 }
-.nbmon-live-view { width: 100%; min-width: 0; contain: content; }  /* a redraw lays out the chart, not the page */
+/* Its height set where it is drawn: a redraw lays out the chart, not the notebook around it. */
+.nbmon-live-view { width: 100%; min-width: 0; contain: strict; }
 .nbmon-live-record.nbmon-live-stale > .nbmon-live-view { filter: grayscale(1); opacity: 0.75; }  /* texts still read */
 .nbmon-live-note {
   font: 12px var(--jp-ui-font-family, system-ui, sans-serif);
@@ -193,9 +196,11 @@ export const MERGE_PX = 6;      // bands closer than this merge, and none is dra
 const LABEL_PX_PER_CHAR = 6.5;  // a band label's width at 10 px, to show only labels that fit
 const MIN_CONTRAST = 5.0;       // text against what is behind it (WCAG AA asks 4.5)
 const SIZE_KEYS = new Set(["width", "height", "autosize"]);
-const MODEBAR_REMOVE = ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d",
+// Plotly's "reset axes" and double click would go back to the first ranges
+// drawn; "autoscale" and a double click that autoscales follow the window again.
+const MODEBAR_REMOVE = ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "resetScale2d",
   "hoverClosestCartesian", "hoverCompareCartesian", "toggleSpikelines"];
-const MODEBAR_PX = 4 * 28;      // what is left of it: zoom, pan, reset, download
+const MODEBAR_PX = 4 * 28;      // what is left of it: zoom, pan, autoscale, download
 const TITLE_PX = 24;            // a title line (14 px font)
 // Bundles of the page, shared by its dashboards: version -> {promise, done, asked}.
 const BUNDLES = (globalThis.__nbmonPlotlyBundles ??= new Map());
@@ -706,17 +711,18 @@ class Live {
       if (event.detail.element !== root) return;
       document.removeEventListener("plotlywidget-after-render", view.rendered);
       view.ready = true;
-      // The user's zoom or pan (plotly keeps it: uirevision): draw that range;
-      // a double click (autorange) follows the live window again.
+      // The user's zoom or pan: draw that range; a double click (autorange)
+      // follows the live window (x) and the points (y) again.
       root.on("plotly_relayout", (change) => {
-        const keys = Object.keys(change || {});
-        if (keys.some((k) => /^xaxis\d*\.autorange$/.test(k))) view.zoom = null;
-        const range = keys.find((k) => /^xaxis\d*\.range\[0\]$/.test(k));
-        if (range) view.zoom = [change[range], change[range.replace("[0]", "[1]")]];
-        else if (keys.some((k) => /^xaxis\d*\.range$/.test(k))) {
-          view.zoom = change[keys.find((k) => /^xaxis\d*\.range$/.test(k))];
+        const zoomed = userRanges(change);
+        if (!zoomed) return;
+        for (const [key, range] of Object.entries(zoomed)) {
+          if (!range) view.autoscaled = (view.autoscaled || 0) + 1;
+          if (key.startsWith("x")) view.zoom = range;
+          else if (range) (view.yzoom ??= {})[key] = range;
+          else if (view.yzoom) delete view.yzoom[key];
         }
-        if (keys.some((k) => k.startsWith("xaxis"))) this.schedule(view, true);
+        this.schedule(view, true);
       });
       this.themeChanged(view);
     };
@@ -841,8 +847,15 @@ class Live {
     const points = series.map((s) => decimate(s, range.x0, range.x1, columns, range.edges));
     const pxPerS = px / (range.x1 - range.x0 || 1);
     const groups = bandGroups(this.sorted, range.x0, range.x1, pxPerS, this.last);
-    const sig = signature(series.map((s) => s.axis), points, groups, range, px, full,
-      [JSON.stringify(view.theme), this.edits, view.width, full?.height, full?.legend?._height]);
+    const axes = series.map((s) => s.axis);
+    const top = tops(axes, points);
+    // The kernel's lines (a memory warning) show on their axes, as plotly's own autorange had them.
+    for (const mark of this.nbmon.layout?.shapes || []) {
+      if (top.has(mark.yref)) top.set(mark.yref, Math.max(top.get(mark.yref), mark.y0, mark.y1));
+    }
+    const sig = signature(axes, top, points, groups, range, px, full,
+      [JSON.stringify(view.theme), JSON.stringify(view.yzoom), this.edits, view.width, full?.height,
+        full?.legend?._height]);
     if (view.sig === sig) {
       this.setTitle(view);
       return;
@@ -850,9 +863,12 @@ class Live {
     view.sig = sig;
     view.drawn = { ...range, px };
     view.drawnAt = performance.now();
-    this.Plotly.react(view.root, this.data(series, points, groups), this.layout(view, groups, pxPerS),
-      { ...this.model.get("_config"), displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE });
-    view.title = this.title;
+    const layout = this.layout(view, groups, pxPerS, top);
+    view.root.style.height = `${layout.height}px`;
+    this.Plotly.react(view.root, this.data(series, points, groups, layout), layout, { ...this.model.get("_config"), displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE,
+        doubleClick: "autosize" });
+    view.title = null;   // plotly drew view.plotTitle
+    this.setTitle(view);
   }
 
   /** The title is text that changes every frame: set it as such between redraws. */
@@ -863,8 +879,11 @@ class Live {
     view.title = this.title;
   }
 
-  /** The figure's traces, the streamed ones with their ``points``, then the streams' own traces. */
-  data(series, points, groups) {
+  /**
+   * The figure's traces, the streamed ones with their ``points``, then the
+   * streams' own traces; the cells' bars as high as their axis in ``layout``.
+   */
+  data(series, points, groups, layout) {
     const live = new Map();
     const added = [];
     series.forEach((s, k) => {
@@ -881,17 +900,21 @@ class Live {
       const out = { ...trace };
       for (const key of ["x", "y", "width", "base"]) if (trace[key] && trace[key].dtype) out[key] = typed(trace[key]);
       if (live.has(i)) Object.assign(out, points[live.get(i)]);
-      if (trace.meta === "cells") Object.assign(out, bars, { y: bars.x.map(() => 1) });
+      if (trace.meta === "cells") {
+        const high = layout[(trace.yaxis || "y").replace("y", "yaxis")]?.range?.[1] ?? 1;
+        Object.assign(out, bars, { y: bars.x.map(() => high) });
+      }
       return out;
     }).concat(added);
   }
 
-  layout(view, groups, pxPerS) {
+  layout(view, groups, pxPerS, top) {
     // The kernel's patch over the figure's layout: its shapes and notes added, the rest replaced.
     const { shapes: marks = [], annotations = [], ...patch } = this.nbmon.layout || {};
     const stored = { ...this.model.get("_widget_layout"), ...patch };
     const theme = view.theme || themeOf(view.root);
     const end = view.drawn.x1;
+    const revision = (view.revision = (view.revision || 0) + 1);
     const shapes = groups.map((group, k) => {
       const { label } = describe(group);
       // A label may run past its band, not into the next band's.
@@ -905,6 +928,7 @@ class Live {
     });
     return {
       ...stored,
+      ...ranges(stored, view.drawn, top, view.yzoom, view.autoscaled || 0),
       autosize: false,
       width: view.width || view.root.clientWidth,
       ...this.top(view, stored),
@@ -912,7 +936,7 @@ class Live {
       hoverlabel: { bgcolor: theme.bg, bordercolor: theme.grid, font: { color: theme.fg } },
       shapes: (stored.shapes || []).filter((s) => s.name !== "nbmon-cell").concat(marks, shapes),
       annotations: (stored.annotations || []).concat(annotations),
-      datarevision: (view.revision = (view.revision || 0) + 1),
+      datarevision: revision,
     };
   }
 
@@ -931,7 +955,7 @@ class Live {
     const height = (stored.height || 400) + Math.max(0, t - (stored.margin?.t || 0));
     return {
       margin, height,
-      title: { ...(stored.title || {}), text: title, yref: "container", yanchor: "top",
+      title: { ...(stored.title || {}), text: (view.plotTitle ??= title), yref: "container", yanchor: "top",
         y: 1 - ((lines - 1) * TITLE_PX + 4) / height },
       legend: { ...(stored.legend || {}), y: 1.0, yanchor: "bottom" },
     };
@@ -963,25 +987,52 @@ function textWidth(text, font) {
   return canvas.measureText(text).width;
 }
 
+/** The highest point drawn on each axis (``axes[k]``: trace k's, "y2"), 0 where none is. */
+export function tops(axes, points) {
+  const out = new Map();
+  points.forEach(({ y }, k) => {
+    let top = out.get(axes[k]) || 0;
+    for (const v of y) if (v > top) top = v;
+    out.set(axes[k], top);
+  });
+  return out;
+}
+
+/**
+ * Every axis's range as drawn (the kernel's axes are all "tozero"): the x
+ * axes ``range``, the streams' y axes from 0 to 5 % above their ``top``
+ * (plotly's own margin), or the user's zoom of them; an axis the kernel
+ * gave a range keeps it. Each axis a copy (plotly writes its ranges into
+ * the layout it draws, which must not be the model's), with ``revision``,
+ * which a user's autoscale moves: plotly would keep autoscaling (its
+ * "uirevision"); a revision that moved at every redraw would cost a sixth
+ * of one.
+ */
+export function ranges(stored, range, top, zoom = {}, revision = 0) {
+  const out = {};
+  const set = (key, r) => (out[key] = { ...stored[key], range: [...r], autorange: false, uirevision: revision });
+  for (const key of Object.keys(stored)) if (/^xaxis\d*$/.test(key)) set(key, [range.x0, range.x1]);
+  for (const [axis, hi] of top) {
+    const key = axis.replace("y", "yaxis");
+    const given = stored[key]?.range;
+    set(key, zoom[key] ?? (given && !stored[key].autorange ? given : [0, hi * 1.05 || 1]));
+  }
+  return out;
+}
+
 /**
  * What a redraw would show, in pixels: equal signatures draw the same
  * picture, so the second is not drawn. Each point's column and height (on a
- * scale from 0 to the highest point of its axis, ``axes[k]`` for trace k),
- * each band's ends and text, the range's width in pixels, and ``more``
- * (theme, size, the kernel's edits).
+ * scale from 0 to the highest point of its axis, ``axes[k]`` for trace k,
+ * ``top`` by axis), each band's ends and text, the range's width in pixels,
+ * and ``more`` (theme, size, the kernel's edits).
  */
-export function signature(axes, points, groups, range, px, full, more = []) {
-  const tops = new Map();
-  points.forEach(({ y }, k) => {
-    let top = tops.get(axes[k]) || 0;
-    for (const v of y) if (v > top) top = v;
-    tops.set(axes[k], top);
-  });
+export function signature(axes, top, points, groups, range, px, full, more = []) {
   const scale = px / (range.x1 - range.x0 || 1);
   const parts = [px, ...more];
   points.forEach(({ x, y }, k) => {
     const height = full?.[axes[k].replace("y", "yaxis")]?._length || 150;
-    const yscale = height / (tops.get(axes[k]) * 1.05 || 1);
+    const yscale = height / (top.get(axes[k]) * 1.05 || 1);
     const cells = new Int32Array(2 * x.length);
     for (let i = 0; i < x.length; i++) {
       cells[2 * i] = Math.round((x[i] - range.x0) * scale);
@@ -992,6 +1043,24 @@ export function signature(axes, points, groups, range, px, full, more = []) {
   const px0 = (t) => Math.round((t - range.x0) * scale);
   for (const g of groups) parts.push(`${px0(g.a)}:${px0(g.b)}:${describe(g).hover}`);
   return parts.join("|");
+}
+
+/**
+ * The axes a plotly_relayout ``change`` from the user zoomed, panned or
+ * reset: {xaxis2: [a, b], yaxis: null (autorange), ...}; the x axes (they
+ * match) as "x"; null when it touched none.
+ */
+export function userRanges(change) {
+  const out = {};
+  for (const [k, v] of Object.entries(change || {})) {
+    const m = /^([xy])axis(\d*)\.(autorange|range\[0\]|range)$/.exec(k);
+    if (!m) continue;
+    const key = m[1] === "x" ? "x" : `yaxis${m[2]}`;
+    if (m[3] === "autorange") out[key] = null;
+    else if (m[3] === "range") out[key] = v;
+    else out[key] = [v, change[k.replace("[0]", "[1]")]];
+  }
+  return Object.keys(out).length ? out : null;
 }
 
 const NOTE = ':scope > [data-nbmon="disconnected"]';
