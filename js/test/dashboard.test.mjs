@@ -2,7 +2,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 
 import {
-  MAX_HELD, MERGE_PX, Series, bandGroups, contrast, decimate, describe, muted, over, parseColor, signature, typed,
+  MAX_HELD, MERGE_PX, Series, bandGroups, contrast, decimate, describe, muted, over, parseColor, ranges, signature,
+  tops, typed, userRanges,
 } from "../dashboard.js";
 
 function series(ys, step = 0.1, capacity = MAX_HELD) {
@@ -91,13 +92,42 @@ test("muted text still reads: contrast of at least 4.5 on light and dark", () =>
 test("the signature changes when a point moves a pixel, not before", () => {
   const s = series(Array.from({ length: 6000 }, (_, i) => 10 + (i % 3)), 0.1);
   const range = { x0: 0, x1: 599.9 };
-  const sign = () => signature(["y"], [decimate(s, range.x0, range.x1, 400)], [], range, 800, null);
+  const sign = () => {
+    const points = [decimate(s, range.x0, range.x1, 400)];
+    return signature(["y"], tops(["y"], points), points, [], range, 800, null);
+  };
   const first = sign();
   assert.equal(sign(), first);
   s.y[s.end - 1] += 0.001;   // far below a pixel
   assert.equal(sign(), first);
   s.y[s.end - 1] = 40;       // a new peak: the axis and every point move
   assert.notEqual(sign(), first);
+});
+
+test("every range is given: the window, 5 % above each axis's top, the kernel's own, the user's zoom", () => {
+  const stored = {
+    xaxis: { matches: "x2" }, xaxis2: {}, yaxis: { range: [0, 100] }, yaxis2: { title: { text: "kernel" } },
+  };
+  const top = tops(["y", "y2", "y2"], [{ y: [50] }, { y: [3, NaN, 7] }, { y: [] }]);
+  const out = ranges(stored, { x0: 10, x1: 70 }, top, {}, 2);
+  assert.deepEqual(out.xaxis.range, [10, 70]);
+  assert.deepEqual(out.xaxis2.range, [10, 70]);
+  assert.deepEqual(out.yaxis.range, [0, 100]);            // given by the kernel
+  assert.deepEqual(out.yaxis2.range, [0, 7 * 1.05]);
+  assert.equal(out.yaxis2.title.text, "kernel");
+  assert.ok(Object.values(out).every((a) => a.autorange === false && a.uirevision === 2));
+  assert.equal(stored.yaxis2.range, undefined);           // the model's layout is not written
+  assert.deepEqual(ranges(stored, { x0: 0, x1: 1 }, tops(["y2"], [{ y: [] }])).yaxis2.range, [0, 1]);
+  assert.deepEqual(ranges(stored, { x0: 0, x1: 1 }, top, { yaxis2: [2, 4] }).yaxis2.range, [2, 4]);
+});
+
+test("userRanges reads a zoom, a pan and an autoscale of either axis", () => {
+  assert.deepEqual(userRanges({ "xaxis2.range[0]": 3, "xaxis2.range[1]": 9, "yaxis3.range[0]": 1, "yaxis3.range[1]": 2 }),
+    { x: [3, 9], yaxis3: [1, 2] });
+  assert.deepEqual(userRanges({ "xaxis.range": [1, 2] }), { x: [1, 2] });
+  assert.deepEqual(userRanges({ "xaxis.autorange": true, "yaxis.autorange": true }), { x: null, yaxis: null });
+  assert.equal(userRanges({ width: 500 }), null);
+  assert.equal(userRanges(undefined), null);
 });
 
 test("typed reads plotly's serialized arrays, views at an offset included", () => {
