@@ -192,6 +192,7 @@ const BUCKET_PX = 2;            // a redraw's column width: its lowest and highe
 // is a full Plotly.react, ~20 ms here whatever the points; a 600 s window on
 // ~700 px moves by ~2 px in this time.
 const REDRAW_MS = 2000;
+const HEADROOM = 1.05;           // a y axis's top above its highest point (plotly's own autorange margin)
 export const MERGE_PX = 6;      // bands closer than this merge, and none is drawn narrower than 1 px
 const LABEL_PX_PER_CHAR = 6.5;  // a band label's width at 10 px, to show only labels that fit
 const MIN_CONTRAST = 5.0;       // text against what is behind it (WCAG AA asks 4.5)
@@ -865,8 +866,9 @@ class Live {
     view.drawnAt = performance.now();
     const layout = this.layout(view, groups, pxPerS, top);
     view.root.style.height = `${layout.height}px`;
-    this.Plotly.react(view.root, this.data(series, points, groups, layout), layout, { ...this.model.get("_config"), displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE,
-        doubleClick: "autosize" });
+    this.Plotly.react(view.root, this.data(series, points, groups, layout), layout, {
+      ...this.model.get("_config"), displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE, doubleClick: "autosize",
+    });
     view.title = null;   // plotly drew view.plotTitle
     this.setTitle(view);
   }
@@ -1000,8 +1002,8 @@ export function tops(axes, points) {
 
 /**
  * Every axis's range as drawn (the kernel's axes are all "tozero"): the x
- * axes ``range``, the streams' y axes from 0 to 5 % above their ``top``
- * (plotly's own margin), or the user's zoom of them; an axis the kernel
+ * axes ``range``, the streams' y axes from 0 to HEADROOM times their
+ * ``top``, or the user's zoom of them; an axis the kernel
  * gave a range keeps it. Each axis a copy (plotly writes its ranges into
  * the layout it draws, which must not be the model's), with ``revision``,
  * which a user's autoscale moves: plotly would keep autoscaling (its
@@ -1015,7 +1017,7 @@ export function ranges(stored, range, top, zoom = {}, revision = 0) {
   for (const [axis, hi] of top) {
     const key = axis.replace("y", "yaxis");
     const given = stored[key]?.range;
-    set(key, zoom[key] ?? (given && !stored[key].autorange ? given : [0, hi * 1.05 || 1]));
+    set(key, zoom[key] ?? (given && !stored[key].autorange ? given : [0, hi * HEADROOM || 1]));
   }
   return out;
 }
@@ -1032,7 +1034,7 @@ export function signature(axes, top, points, groups, range, px, full, more = [])
   const parts = [px, ...more];
   points.forEach(({ x, y }, k) => {
     const height = full?.[axes[k].replace("y", "yaxis")]?._length || 150;
-    const yscale = height / (top.get(axes[k]) * 1.05 || 1);
+    const yscale = height / (top.get(axes[k]) * HEADROOM || 1);
     const cells = new Int32Array(2 * x.length);
     for (let i = 0; i < x.length; i++) {
       cells[2 * i] = Math.round((x[i] - range.x0) * scale);
