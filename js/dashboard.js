@@ -36,8 +36,10 @@
 //     MERGE_PX merged into one band (bandGroups()), labelled where the label
 //     does not run into the next band's;
 //   * nothing is redrawn unless something would move by a pixel (the x range,
-//     a point, a band, the theme, the size: signature()), new points at most
-//     every two seconds (REDRAW_MS); the title, which changes with every frame,
+//     a point, a band, the theme, the size: signature()), and new points only
+//     as often as keeps the page's redraws within DUTY of its main thread
+//     (redrawWait(): ~2.5 s for one dashboard here, sooner on a faster machine,
+//     later for two); the title, which changes with every frame,
 //     is set as text (plotly draws the same one every time: a new text is
 //     measured against the page); plotly is given the chart's width, so that
 //     it never measures the page (a layout of all of it) to draw, and every
@@ -80,10 +82,16 @@ const CSS = `
 
 export const MAX_HELD = 20000;  // points held per trace; past it, the oldest half merges into min/max pairs
 const BUCKET_PX = 2;            // a redraw's column width: its lowest and highest point
-// New points are drawn at most this often (a frame comes every 500 ms): a redraw
-// is a full Plotly.react, ~20 ms here whatever the points; a 600 s window on
-// ~700 px moves by ~2 px in this time.
-const REDRAW_MS = 2000;
+// A redraw is a full Plotly.react whatever changed (plotly's whole pipeline:
+// ~20-30 ms on a 2-core VM, a floor of the figure, not of its points), and as
+// much again to lay out and paint. New points wait until the page's redraws
+// (all its dashboards) have held its main thread at most DUTY of the time, and
+// between REDRAW_MIN_MS (a frame comes every 500 ms) and REDRAW_MAX_MS (still
+// live); a 600 s window on ~800 px moves by ~3 px in 2.5 s.
+export const DUTY = 0.01;
+export const REDRAW_MIN_MS = 1000;
+export const REDRAW_MAX_MS = 5000;
+const REDRAWS_TIMED = 8;        // the median of the page's last redraws is what one costs
 const HEADROOM = 1.05;           // a y axis's top above its highest point (plotly's own autorange margin)
 export const MERGE_PX = 6;      // bands closer than this merge, and none is drawn narrower than 1 px
 const LABEL_PX_PER_CHAR = 6.5;  // a band label's width at 10 px, to show only labels that fit
@@ -100,7 +108,36 @@ const BUNDLES = (globalThis.__nbmonPlotlyBundles ??= new Map());
 
 // -- one set of page-wide watchers for every dashboard ----------------------------
 
-const PAGE = (globalThis.__nbmonPage ??= { lives: new Map(), started: false });
+const PAGE = (globalThis.__nbmonPage ??= { lives: new Map(), started: false, redraws: [] });
+
+/**
+ * How long new points wait after a view's redraw: ``views`` dashboards on
+ * the page, each redraw ``ms`` (the median of the page's last ones) of its
+ * main thread, within DUTY of it; REDRAW_MIN_MS before any is timed.
+ */
+export function redrawWait(ms, views) {
+  const wait = Number.isFinite(ms) ? (ms * Math.max(1, views)) / DUTY : 0;
+  return Math.min(REDRAW_MAX_MS, Math.max(REDRAW_MIN_MS, wait));
+}
+
+function redrawMs() {
+  const sorted = [...PAGE.redraws].sort((a, b) => a - b);
+  return sorted.length ? sorted[sorted.length >> 1] : NaN;
+}
+
+function timedRedraw(ms) {
+  PAGE.redraws.push(ms);
+  if (PAGE.redraws.length > REDRAWS_TIMED) PAGE.redraws.shift();
+}
+
+/** The views on the page that draw: ready, in view, in the page. */
+function drawingViews() {
+  let n = 0;
+  for (const live of PAGE.lives.values()) {
+    for (const view of live.views.values()) if (view.ready && view.visible && view.root.isConnected) n += 1;
+  }
+  return n;
+}
 
 function watchPage() {
   if (PAGE.started) return;
@@ -691,12 +728,12 @@ class Live {
 
   /**
    * Draw at the next animation frame (none while the tab is hidden), once
-   * however often asked; new points at most every REDRAW_MS (``now``: what the
+   * however often asked; new points once redrawWait() has passed (``now``: what the
    * user did, the size, the theme: at once).
    */
   schedule(view, now = false) {
     if (!view.ready || this.disposed) return;
-    const wait = now ? 0 : (view.drawnAt || 0) + REDRAW_MS - performance.now();
+    const wait = now ? 0 : (view.drawnAt || 0) + redrawWait(redrawMs(), drawingViews()) - performance.now();
     if (wait > 0) {
       view.timer ||= setTimeout(() => {
         view.timer = 0;
@@ -758,9 +795,12 @@ class Live {
     view.drawnAt = performance.now();
     const layout = this.layout(view, groups, pxPerS, top);
     view.root.style.height = `${layout.height}px`;
+    const began = performance.now();
     this.Plotly.react(view.root, this.data(series, points, groups, layout), layout, {
       ...this.model.get("_config"), displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE, doubleClick: "autosize",
     });
+    if (view.timed) timedRedraw(performance.now() - began);
+    view.timed = true;   // not its first: that one builds the plot
     view.title = null;   // plotly drew view.plotTitle
     this.setTitle(view);
   }

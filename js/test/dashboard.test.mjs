@@ -2,8 +2,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 
 import {
-  MAX_HELD, MERGE_PX, Series, bandGroups, contrast, decimate, describe, muted, over, parseColor, ranges, signature,
-  tops, typed, userRanges,
+  DUTY, MAX_HELD, MERGE_PX, REDRAW_MAX_MS, REDRAW_MIN_MS, Series, bandGroups, contrast, decimate, describe, muted, over, parseColor, ranges, signature,
+  redrawWait, tops, typed, userRanges,
 } from "../dashboard.js";
 
 function series(ys, step = 0.1, capacity = MAX_HELD) {
@@ -136,4 +136,18 @@ test("typed reads plotly's serialized arrays, views at an offset included", () =
   assert.deepEqual(Array.from(typed({ dtype: "float32", shape: [2], value: view })), [1, 2]);
   assert.deepEqual(Array.from(typed([1, null, 3])), [1, NaN, 3]);
   assert.equal(typed(undefined).length, 0);
+});
+
+test("new points wait as long as keeps the page's redraws within DUTY of its main thread", () => {
+  // 25 ms a redraw, one dashboard: 1 % of the time is a redraw every 2.5 s
+  assert.equal(redrawWait(25, 1), 25 / DUTY);
+  assert.equal(redrawWait(25, 1), 2500);
+  // two dashboards share the budget: each waits twice as long
+  assert.equal(redrawWait(20, 2), 2 * redrawWait(20, 1));
+  // a fast machine stays as live as the frames allow, a slow one still moves
+  assert.equal(redrawWait(2, 1), REDRAW_MIN_MS);
+  assert.equal(redrawWait(400, 1), REDRAW_MAX_MS);
+  // before any redraw is timed (the first builds the plot): the shortest wait
+  assert.equal(redrawWait(NaN, 1), REDRAW_MIN_MS);
+  assert.equal(redrawWait(25, 0), redrawWait(25, 1));
 });
