@@ -376,6 +376,7 @@ class BlackBox:
         self._fd: int | None = None
         self._store = None
         self._broken = False
+        self._exited = False   # the interpreter is exiting: closed for good
         self._error: OSError | None = None   # a failed cell write, said at the next consume
         self._lock = threading.Lock()
         self._layout = record_struct(len(NAMES))
@@ -401,7 +402,7 @@ class BlackBox:
     # -- the consumer --------------------------------------------------------
     def consume(self, store, final: bool) -> None:
         with self._lock:
-            if self._broken:
+            if self._broken or self._exited:
                 return
             try:
                 if self._error is not None:
@@ -427,10 +428,14 @@ class BlackBox:
                 raise OSError(f"the black box could not be written ({err}); "
                               f"this kernel will have no post-mortem") from err
 
-    def close(self) -> None:
-        """The run ended: the box goes (the kernel did not die)."""
+    def close(self, exiting: bool = False) -> None:
+        """The run ended: the box goes (the kernel did not die). ``exiting``:
+        for good, since the consumers' thread (a daemon) may still call
+        consume() before the interpreter stops it, and would open a new box
+        that no one removes: a normal exit read as a death."""
         with self._lock:
             self._close_locked()
+            self._exited = self._exited or exiting
 
     # -- the file ----------------------------------------------------------------
     def _open(self, store) -> None:
@@ -533,7 +538,7 @@ def _remove_at_exit() -> None:
     """A kernel that exits normally leaves no box (the consumers' thread is a
     daemon: its close() would not run)."""
     for box in list(_open_boxes):
-        box.close()
+        box.close(exiting=True)
 
 
 def _forget_in_child() -> None:

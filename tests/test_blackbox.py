@@ -114,6 +114,23 @@ def test_a_monitor_that_stops_removes_its_box(boxes):
     assert monitor.faults == {}
 
 
+def test_a_box_closed_at_exit_stays_closed_while_the_sampler_runs_on(boxes):
+    # At exit the monitor's threads (daemons) still run until the interpreter
+    # stops them; a consume() after the exit hook must not open a new box,
+    # which no one would remove (the next kernel would read a normal exit as a death).
+    from nbmon.notebook.kernel_watch import WATCH
+
+    monitor = Monitor(interval=0.05, gpu=False)
+    WATCH.attach(monitor)
+    with monitor:
+        wait_until(lambda: boxes.is_dir() and len(os.listdir(boxes)) == 1, what="the box")
+        blackbox._remove_at_exit()   # what atexit runs
+        assert os.listdir(boxes) == []
+        time.sleep(3 * blackbox.RECORD_EVERY_S)   # three more of the box's turns in the consumers' thread
+        assert os.listdir(boxes) == []
+    assert monitor.faults == {}
+
+
 def _image(boxes: Path) -> bytes:
     return dead_kernel(boxes).read_bytes()
 
