@@ -909,6 +909,8 @@ class Live {
     });
     if (view.timed) timedRedraw(performance.now() - began);
     view.timed = true;   // not its first: that one builds the plot
+    // The room above the plot was the legend's last height: a new width may wrap it onto more lines.
+    if ((view.root._fullLayout?.legend?._height || 20) !== view.legendPx) this.schedule(view, true);
     view.title = null;   // plotly drew view.plotTitle
     this.setTitle(view);
   }
@@ -992,7 +994,8 @@ class Live {
     const width = full?.width || view.root.clientWidth;
     const title = this.title ?? stored.title?.text ?? "";
     const lines = textWidth(title, "14px sans-serif") + MODEBAR_PX + 24 > width ? 2 : 1;
-    const t = lines * TITLE_PX + (full?.legend?._height || 20) + 8;
+    view.legendPx = full?.legend?._height || 20;   // as last drawn: draw() checks it after the react
+    const t = lines * TITLE_PX + view.legendPx + 8;
     const margin = { ...(stored.margin || {}), t };
     const height = (stored.height || 400) + Math.max(0, t - (stored.margin?.t || 0));
     return {
