@@ -103,6 +103,7 @@ const MODEBAR_REMOVE = ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "resetSc
   "hoverClosestCartesian", "hoverCompareCartesian", "toggleSpikelines"];
 const MODEBAR_PX = 4 * 28;      // what is left of it: zoom, pan, autoscale, download
 const TITLE_PX = 24;            // a title line (14 px font)
+const LEGEND_PX = 20;           // a legend line, before plotly has drawn one
 // Bundles of the page, shared by its dashboards: version -> {promise, done, asked}.
 const BUNDLES = (globalThis.__nbmonPlotlyBundles ??= new Map());
 
@@ -802,7 +803,7 @@ class Live {
     if (view.timed) timedRedraw(performance.now() - began);
     view.timed = true;   // not its first: that one builds the plot
     // The room above the plot was the legend's last height: a new width may wrap it onto more lines.
-    if ((view.root._fullLayout?.legend?._height || 20) !== view.legendPx) this.schedule(view, true);
+    if (legendHeight(view.root._fullLayout) !== view.legendPx) this.schedule(view, true);
     view.title = null;   // plotly drew view.plotTitle
     this.setTitle(view);
   }
@@ -886,7 +887,7 @@ class Live {
     const width = full?.width || view.root.clientWidth;
     const title = this.title ?? stored.title?.text ?? "";
     const lines = textWidth(title, "14px sans-serif") + MODEBAR_PX + 24 > width ? 2 : 1;
-    view.legendPx = full?.legend?._height || 20;   // as last drawn: draw() checks it after the react
+    view.legendPx = legendHeight(full);   // as last drawn: draw() checks it after the react
     const t = lines * TITLE_PX + view.legendPx + 8;
     const margin = { ...(stored.margin || {}), t };
     const height = (stored.height || 400) + Math.max(0, t - (stored.margin?.t || 0));
@@ -916,6 +917,8 @@ class Live {
     }
   }
 }
+
+const legendHeight = (full) => full?.legend?._height || LEGEND_PX;
 
 let canvas;
 function textWidth(text, font) {
