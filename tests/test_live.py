@@ -406,6 +406,18 @@ def test_record_table_and_timeline_give_the_same_figures(stopped):
     assert pixels.shape[:2] == (2 * shown.timeline.height, 2 * shown.timeline.width)
 
 
+def test_a_cells_timeline_ends_with_its_last_sample_not_the_monitors(stopped):
+    # The monitor samples on after a cell ends, while its record is drawn.
+    store = stopped.store
+    window = store.open_window(store.latest()["t"])
+    append(store, 40, proc_cpu_percent=10.0)
+    stats = window.close()
+    append(store, 5, proc_cpu_percent=400.0)
+    shown = charts.record_timeline(store, stats, stats.t_open)
+    assert legend({"Timeline, below": shown.legend[1]})["CPU"] == "10.0 %"
+    assert shown.legend[1].endswith(" · over 0.78 s")   # the 2nd to the 40th sample's time, 39 steps
+
+
 def strip_columns(pixels, strip: int, color: str) -> np.ndarray:
     """Per pixel column of one strip of a record's timeline: the highest row
     (0 = the strip's top) drawn opaque in ``color``, or the strip's height."""
@@ -417,20 +429,19 @@ def strip_columns(pixels, strip: int, color: str) -> np.ndarray:
 
 
 def test_a_one_sample_spike_survives_in_the_timeline_picture(stopped):
-    from nbmon.notebook.dashboard import record
-
-    append(stopped.store, 30_000, proc_cpu_percent=10.0)
-    append(stopped.store, 1, proc_cpu_percent=400.0)     # one sample in 30,001, at ~2/3 of the run
-    append(stopped.store, 15_000, proc_cpu_percent=10.0)
-    shown = record(stopped)
-    cpu_color = next(t.color for t in charts.traces_for(stopped.store.columns)[1] if t.column == "proc_cpu_percent")
-    tops = strip_columns(png_pixels(shown.timeline.png), 0, cpu_color)
+    store = stopped.store
+    window = store.open_window(store.latest()["t"])
+    append(store, 30_000, proc_cpu_percent=10.0)
+    append(store, 1, proc_cpu_percent=400.0)     # one sample in 30,001, at ~2/3 of the window
+    append(store, 15_000, proc_cpu_percent=10.0)
+    shown = charts.record_timeline(store, window.close(), window.closed.t_open)
+    cpu_color = next(t.color for t in charts.traces_for(store.columns)[1] if t.column == "proc_cpu_percent")
+    tops = strip_columns(png_pixels(shown.png), 0, cpu_color)
     spike = int(tops.argmin())
     assert tops[spike] <= 4                                    # the spike reaches the strip's top (its scale)
     assert 0.6 < spike / tops.size < 0.72                      # where it happened
-    # and nowhere else (10 % of 400), but in the run's own first samples, the first columns
-    assert (tops[4:spike - 4] > 40).all() and (tops[spike + 4:] > 40).all()
-    assert legend(summary_rows(shown.html))["CPU"] == "400 %"
+    assert (tops[:spike - 4] > 40).all() and (tops[spike + 4:] > 40).all()   # and nowhere else (10 % of 400)
+    assert legend({"Timeline, below": shown.legend[1]})["CPU"] == "400 %"
 
 
 def test_write_html_is_a_self_contained_page_of_the_whole_run(stopped, tmp_path):

@@ -148,16 +148,18 @@ _PLACES = {1: ("strip",), 2: ("top", "bottom"), 3: ("top", "middle", "bottom"),
 
 def record_timeline(store, stats, t_from: float = -math.inf) -> Timeline | None:
     """The timeline of the samples a window's ``stats`` cover (those after
-    ``t_from``, the window's opening sample excluded): each row's headline
-    column on a scale up to the window's own peak, the figure its summary
-    table shows, so the picture and the table agree. None without two samples."""
+    ``t_from``, the window's opening sample excluded, up to its last; the
+    monitor may have sampled on since): each row's headline column on a
+    scale up to the window's own peak, the figure its summary table shows,
+    so the picture and the table agree. None without two samples."""
     if store is None or stats is None or not stats.count:
         return None
     wanted = [row for row in ROWS if row.headline in store.columns]
     t, _wall, values = store.series([row.headline for row in wanted], t_from=t_from)
     start = int(np.searchsorted(t, t_from, side="right")) if math.isfinite(t_from) else 0
+    end = int(np.searchsorted(t, stats.t_last, side="right"))
     colors = row_colors(store.columns)
-    return timeline(t[start:], [(row, values[row.headline][start:], _peak(stats, row.headline), colors.get(row.key))
+    return timeline(t[start:end], [(row, values[row.headline][start:end], _peak(stats, row.headline), colors.get(row.key))
                                 for row in wanted])
 
 
