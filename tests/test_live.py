@@ -414,7 +414,7 @@ def test_a_cells_timeline_ends_with_its_last_sample_not_the_monitors(stopped):
     stats = window.close()
     append(store, 5, proc_cpu_percent=400.0)
     shown = charts.record_timeline(store, stats, stats.t_open)
-    assert legend({"Timeline, below": shown.legend[1]})["CPU"] == "10.0 %"
+    assert legend(dict([shown.legend]))["CPU"] == "10.0 %"
     assert shown.legend[1].endswith(" · over 0.78 s")   # the 2nd to the 40th sample's time, 39 steps
 
 
@@ -441,7 +441,7 @@ def test_a_one_sample_spike_survives_in_the_timeline_picture(stopped):
     assert tops[spike] <= 4                                    # the spike reaches the strip's top (its scale)
     assert 0.6 < spike / tops.size < 0.72                      # where it happened
     assert (tops[:spike - 4] > 40).all() and (tops[spike + 4:] > 40).all()   # and nowhere else (10 % of 400)
-    assert legend({"Timeline, below": shown.legend[1]})["CPU"] == "400 %"
+    assert legend(dict([shown.legend]))["CPU"] == "400 %"
 
 
 def test_write_html_is_a_self_contained_page_of_the_whole_run(stopped, tmp_path):

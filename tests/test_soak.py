@@ -11,7 +11,6 @@ the store through its sink, as in a real run.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import threading
 
@@ -141,7 +140,7 @@ def assert_same_summary(got: ResourceSummary, want: ResourceSummary) -> None:
         if name == "figures":
             continue
         a, b = getattr(got, name), getattr(want, name)
-        if isinstance(b, float) and b is not None:
+        if isinstance(b, float):
             assert a == pytest.approx(b, rel=1e-9, abs=1e-9), name
             floats[name] = a
         else:
