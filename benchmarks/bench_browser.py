@@ -25,8 +25,12 @@ on its own JupyterLab), runs alternated between the variants:
   ``--idle`` s before each age in ``--ages`` (minutes; the window is full
   from 10).
 
-A redraw is one Plotly.react: its milliseconds are its synchronous part
-(what holds the page's main thread), median and 90th percentile. Figures
+A redraw is one of the dashboard's "nbmon-redraw" measures (User Timing: a
+relayout of plotly's axes and a paint of the lines, or where more changed
+a Plotly.react), or for a version without them one Plotly.react: its
+milliseconds are its synchronous part (what holds the page's main thread),
+median and 90th percentile; "Plotly.react / s" counts plotly's whole
+pipeline apart. Figures
 are medians (min–max) over runs. ``--out`` writes the tables into
 benchmarks/RESULTS.md (their own section). CPU figures need a quiet
 machine: the load average before and after is part of the text.
@@ -110,7 +114,8 @@ def measure(page, seconds: float, pids: dict[str, list[int]]) -> dict:
     out.update({"browser->kernel msgs": idle["browser_to_kernel"], "status msgs": idle["status"],
                 "kernel->browser KiB/s": idle["kernel_to_browser_bytes_per_s"] / 1024,
                 "redraws / s": redraws["redraws_per_s"], "redraw ms, median": redraws["redraw_ms_median"],
-                "redraw ms, p90": redraws["redraw_ms_p90"]})
+                "redraw ms, p90": redraws["redraw_ms_p90"],
+                "Plotly.react / s": redraw_figures(page.evaluate("window.__nbmonReacts"), t0, t1)["redraws_per_s"]})
     return out
 
 
@@ -279,7 +284,7 @@ def main() -> None:
     what = {"cold": "%resmon right after %load_ext", "warm": "%load_ext 5 s before",
             "two": "two dashboards on the page"}
     start_keys = list(next(iter(started.values()))["cold"][0])
-    costs = ["Chromium CPU %", "redraws / s", "redraw ms, median", "redraw ms, p90"]
+    costs = ["Chromium CPU %", "redraws / s", "redraw ms, median", "redraw ms, p90", "Plotly.react / s"]
     in_view = costs + ["dashboard in view"]
     lines = [
         "## Live dashboard in the browser", "",
@@ -287,7 +292,8 @@ def main() -> None:
         f"--cells {args.cells}{' --before ' + args.before if args.before else ''}`, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: JupyterLab in headless Chromium (1300 x 1000), "
         "a fresh kernel and page for each measurement, variants alternated; load average "
-        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after. A redraw is one Plotly.react, its "
+        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after. A redraw is one \"nbmon-redraw\" measure "
+        "(a relayout of plotly's axes and a paint, or a Plotly.react), or without them one Plotly.react; its "
         "milliseconds the synchronous part. Median (min–max) over runs.", "",
         f"Start and idle: times from the kernel starting `%resmon`; messages, bytes, CPU and redraws over "
         f"{args.idle:g} s of an idle open dashboard.", "",

@@ -35,11 +35,22 @@
 //   * cell bands only inside the visible range, and neighbours closer than
 //     MERGE_PX merged into one band (bandGroups()), labelled where the label
 //     does not run into the next band's;
+//   * the lines are painted on a canvas over the plot (paint()); plotly draws
+//     the rest (axes, legend, bands, title) and holds one empty point per
+//     stream. A redraw that only moves the axes' ranges (the window scrolls,
+//     a new peak) is a plotly relayout of those ranges (~3 ms here) and a
+//     paint (~1 ms); plotly's whole pipeline (Plotly.react, ~30 ms) runs only
+//     when anything else changes (frameKey()): a band, the theme, the size,
+//     the kernel's edits, the legend. The hover is a box of our own (plotly's
+//     would need its traces' points). Where the user's code asks for plotly's
+//     events (they carry the points), plotly holds and draws the points
+//     itself, at its own cost;
 //   * nothing is redrawn unless something would move by a pixel (the x range,
 //     a point, a band, the theme, the size: signature()), and new points only
 //     as often as keeps the page's redraws within DUTY of its main thread
-//     (redrawWait(): ~2.5 s for one dashboard here, sooner on a faster machine,
-//     later for two); the title, which changes with every frame,
+//     (redrawWait(): every second for one dashboard here, later for many);
+//     bands keep the ends they were drawn with while those move by under half
+//     a pixel (steady()); the title, which changes with every frame,
 //     is set as text (plotly draws the same one every time: a new text is
 //     measured against the page); plotly is given the chart's width, so that
 //     it never measures the page (a layout of all of it) to draw, and every
@@ -57,19 +68,37 @@
 // redrawn. Displaying the widget itself (display(dashboard.widget)) also
 // works: render() below.
 //
+// What a view drew is on its element as __nbmonDrawn ({traces: [{meta, name,
+// x, y}], bands: [hover text]}), and each redraw a "nbmon-redraw" User Timing
+// measure: the page's tests and benchmarks read them.
+//
 // Built into nbmon/notebook/static/dashboard.js by js/build.mjs, which
 // inlines format.js.
 
 import { fmt } from "./format.js";
 
-const STYLE_ID = "nbmon-live-style-2";
+const STYLE_ID = "nbmon-live-style-3";
 const CSS = `
 .nbmon-live-record.nbmon-live-mounted > .nbmon-live-static { display: none; }
 .jp-OutputArea-child:has(.nbmon-live-record.nbmon-live-mounted) + .jp-OutputArea-child:has(.jp-RenderedImage) {
   display: none;
 }
 /* Its height set where it is drawn: a redraw lays out the chart, not the notebook around it. */
-.nbmon-live-view { width: 100%; min-width: 0; contain: strict; }
+.nbmon-live-view { width: 100%; min-width: 0; contain: strict; position: relative; }
+.nbmon-live-view > .nbmon-lines { position: absolute; left: 0; top: 0; pointer-events: none; }
+.nbmon-live-view > .nbmon-hover {
+  display: none; position: absolute; pointer-events: none; z-index: 1001; padding: 3px 6px;
+  font: 11px var(--jp-ui-font-family, system-ui, sans-serif); box-sizing: border-box;
+  border: 1px solid; border-radius: 3px;
+}
+.nbmon-live-view > .nbmon-hover > .nbmon-hover-head { font-weight: 600; }
+.nbmon-hover-swatch { display: inline-block; width: 10px; height: 3px; margin: 0 5px 3px 0; vertical-align: middle; }
+.nbmon-live-view > .nbmon-band-labels {
+  position: absolute; height: 14px; overflow: hidden; pointer-events: none;
+  font: 10px var(--jp-ui-font-family, system-ui, sans-serif);
+}
+.nbmon-band-labels > span { position: absolute; top: 0; white-space: nowrap; }
+.nbmon-live-view > .nbmon-hover-line { display: none; position: absolute; width: 1px; pointer-events: none; z-index: 1000; }
 .nbmon-live-record.nbmon-live-stale > .nbmon-live-view { filter: grayscale(1); opacity: 0.75; }  /* texts still read */
 .nbmon-live-note {
   font: 12px var(--jp-ui-font-family, system-ui, sans-serif);
@@ -82,12 +111,12 @@ const CSS = `
 
 export const MAX_HELD = 20000;  // points held per trace; past it, the oldest half merges into min/max pairs
 const BUCKET_PX = 2;            // a redraw's column width: its lowest and highest point
-// A redraw is a full Plotly.react whatever changed (plotly's whole pipeline:
-// ~20-30 ms on a 2-core VM, a floor of the figure, not of its points), and as
-// much again to lay out and paint. New points wait until the page's redraws
+// A redraw is a relayout of plotly's axes and a paint, or where more changed a
+// full Plotly.react (plotly's whole pipeline: ~20-30 ms on a 2-core VM, a floor
+// of the figure, not of its points). New points wait until the page's redraws
 // (all its dashboards) have held its main thread at most DUTY of the time, and
 // between REDRAW_MIN_MS (a frame comes every 500 ms) and REDRAW_MAX_MS (still
-// live); a 600 s window on ~800 px moves by ~3 px in 2.5 s.
+// live); a 600 s window on ~800 px moves by ~1.3 px a second.
 export const DUTY = 0.01;
 export const REDRAW_MIN_MS = 1000;
 export const REDRAW_MAX_MS = 5000;
@@ -96,10 +125,12 @@ const HEADROOM = 1.05;           // a y axis's top above its highest point (plot
 export const MERGE_PX = 6;      // bands closer than this merge, and none is drawn narrower than 1 px
 const LABEL_PX_PER_CHAR = 6.5;  // a band label's width at 10 px, to show only labels that fit
 const MIN_CONTRAST = 5.0;       // text against what is behind it (WCAG AA asks 4.5)
+const RUNNING_S = 1e6;          // a running cell's band: past any window's end, clipped by plotly
+const DASHES = { dot: [1, 2], dash: [4, 2], longdash: [8, 2], dashdot: [4, 2, 1, 2], longdashdot: [8, 2, 1, 2] };  // x line width
 const SIZE_KEYS = new Set(["width", "height", "autosize"]);
 // Plotly's "reset axes" and double click would go back to the first ranges
 // drawn; "autoscale" and a double click that autoscales follow the window again.
-const MODEBAR_REMOVE = ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "resetScale2d",
+const MODEBAR_REMOVE = ["toImage", "sendChartToCloud", "select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "resetScale2d",
   "hoverClosestCartesian", "hoverCompareCartesian", "toggleSpikelines"];
 const MODEBAR_PX = 4 * 28;      // what is left of it: zoom, pan, autoscale, download
 const TITLE_PX = 24;            // a title line (14 px font)
@@ -109,7 +140,7 @@ const BUNDLES = (globalThis.__nbmonPlotlyBundles ??= new Map());
 
 // -- one set of page-wide watchers for every dashboard ----------------------------
 
-const PAGE = (globalThis.__nbmonPage ??= { lives: new Map(), started: false, redraws: [] });
+const PAGE = (globalThis.__nbmonPage ??= { lives: new Map(), started: false, redraws: [], scrolling: 0 });
 
 /**
  * How long new points wait after a view's redraw: ``views`` dashboards on
@@ -226,8 +257,8 @@ async function importBundle(bytes) {
     }
     const relayout = view.handle_plotly_relayout;
     view.handle_plotly_relayout = function (change) {
-      // A new size follows the page, not the user: never a message for it.
-      if (!asked(this, "relayout") || (change && Object.keys(change).every((k) => SIZE_KEYS.has(k)))) return;
+      // A new size follows the page, and a scroll the window, not the user: never a message for them.
+      if (PAGE.scrolling || !asked(this, "relayout") || (change && Object.keys(change).every((k) => SIZE_KEYS.has(k)))) return;
       relayout.call(this, change);
     };
     const update = view.handle_plotly_update;
@@ -645,7 +676,7 @@ class Live {
       // The user's zoom or pan: draw that range; a double click (autorange)
       // follows the live window (x) and the points (y) again.
       root.on("plotly_relayout", (change) => {
-        const zoomed = userRanges(change);
+        const zoomed = !PAGE.scrolling && userRanges(change);
         if (!zoomed) return;
         for (const [key, range] of Object.entries(zoomed)) {
           if (!range) view.autoscaled = (view.autoscaled || 0) + 1;
@@ -655,7 +686,29 @@ class Live {
         }
         this.schedule(view, true);
       });
+      // A pan moves plotly's axes at every step, and a legend click hides a trace: the lines follow.
+      root.on("plotly_relayouting", () => this.paint(view));
+      root.on("plotly_restyle", () => this.paint(view));
       this.themeChanged(view);
+    };
+    view.tip = Object.assign(document.createElement("div"), { className: "nbmon-hover" });
+    view.cursor = Object.assign(document.createElement("div"), { className: "nbmon-hover-line" });
+    root.append(view.tip, view.cursor);
+    view.onPointer = (event) => {
+      view.pointer = event.type === "mouseleave" ? null : event;
+      view.hoverFrame ||= requestAnimationFrame(() => {
+        view.hoverFrame = 0;
+        this.hover(view);
+      });
+    };
+    for (const type of ["mousemove", "mousedown", "mouseleave"]) root.addEventListener(type, view.onPointer);
+    // Plotly's own button would draw the figure again from its traces, which hold no points.
+    view.download = {
+      name: "nbmon-download", title: "Download plot as a PNG", icon: this.Plotly.Icons.camera,
+      click: () => this.Plotly.downloadImage({
+        data: this.data(view, view.points, view.groups, root.layout, false),
+        layout: { ...root.layout, hovermode: false },
+      }, { format: "png", filename: "nbmon", width: root._fullLayout.width, height: root._fullLayout.height }),
     };
     document.addEventListener("plotlywidget-after-render", view.rendered);
     view.remove = this.plotly.render({ model: this.model, el: root });
@@ -681,6 +734,12 @@ class Live {
     view.io.disconnect();
     view.ro.disconnect();
     cancelAnimationFrame(view.frame);
+    cancelAnimationFrame(view.hoverFrame);
+    for (const type of ["mousemove", "mousedown", "mouseleave"]) view.root.removeEventListener(type, view.onPointer);
+    view.tip.remove();
+    view.cursor.remove();
+    view.canvas?.remove();
+    view.labelBox?.remove();
     clearTimeout(view.timer);
     view.remove();
     if (view.record) view.root.remove();
@@ -786,7 +845,7 @@ class Live {
     }
     const sig = signature(axes, top, points, groups, range, px, full,
       [JSON.stringify(view.theme), JSON.stringify(view.yzoom), this.edits, view.width, full?.height,
-        full?.legend?._height]);
+        full?.legend?._height, this.events.size]);
     if (view.sig === sig) {
       this.setTitle(view);
       return;
@@ -794,18 +853,188 @@ class Live {
     view.sig = sig;
     view.drawn = { ...range, px };
     view.drawnAt = performance.now();
-    const layout = this.layout(view, groups, pxPerS, top);
-    view.root.style.height = `${layout.height}px`;
+    Object.assign(view, { series, points, groups });
     const began = performance.now();
-    this.Plotly.react(view.root, this.data(series, points, groups, layout), layout, {
-      ...this.model.get("_config"), displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE, doubleClick: "autosize",
-    });
-    if (view.timed) timedRedraw(performance.now() - began);
+    const own = !this.events.size;   // plotly draws the lines itself only for a user's event callbacks
+    const layout = this.layout(view, groups, pxPerS, top, own);
+    const frame = `${this.edits}|${own}|${frameKey(layout)}`;
+    if (own && view.plotted === frame) {
+      this.scroll(view, layout);
+    } else {
+      view.root.style.height = `${layout.height}px`;
+      this.Plotly.react(view.root, this.data(view, points, groups, layout, own), layout, {
+        ...this.model.get("_config"), displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE,
+        modeBarButtonsToAdd: [view.download], doubleClick: "autosize",
+      });
+      view.plotted = frame;
+      // The room above the plot was the legend's last height: a new width may wrap it onto more lines.
+      if (legendHeight(view.root._fullLayout) !== view.legendPx) this.schedule(view, true);
+      view.title = null;   // plotly drew view.plotTitle
+    }
+    view.ranges = axisRanges(layout);
+    this.paint(view, own);
+    const ms = performance.now() - began;
+    // For the page's profilers (a PerformanceObserver), and not kept: a day of them would be megabytes.
+    performance.measure("nbmon-redraw", { start: began, duration: ms });
+    performance.clearMeasures("nbmon-redraw");
+    if (view.timed) timedRedraw(ms);
     view.timed = true;   // not its first: that one builds the plot
-    // The room above the plot was the legend's last height: a new width may wrap it onto more lines.
-    if (legendHeight(view.root._fullLayout) !== view.legendPx) this.schedule(view, true);
-    view.title = null;   // plotly drew view.plotTitle
     this.setTitle(view);
+  }
+
+  /**
+   * Only the axes' ranges moved: plotly redraws those axes and nothing else
+   * (its relayout of ranges alone skips its whole pipeline: ~3 ms here,
+   * where a react is ~30), and paint() the lines.
+   */
+  scroll(view, layout) {
+    const moved = {};
+    for (const [key, r] of Object.entries(axisRanges(layout))) {
+      const was = view.ranges?.[key];
+      if (!was || was[0] !== r[0] || was[1] !== r[1]) moved[`${key}.range`] = r;
+    }
+    if (!Object.keys(moved).length) return;
+    PAGE.scrolling += 1;   // its plotly_relayout is not the user's
+    this.Plotly.relayout(view.root, moved).finally(() => (PAGE.scrolling -= 1));
+  }
+
+  /**
+   * The lines, on a canvas over the plot: the streams' points as decimated,
+   * styled as plotly styles their traces (colour, width, dash, fill to
+   * zero), each clipped to its subplot, at the ranges plotly's axes show now
+   * (also while the user pans). With the user's event callbacks plotly
+   * draws them itself, and the canvas is empty.
+   */
+  paint(view, own = !this.events.size) {
+    const root = view.root, full = root._fullLayout, traces = root._fullData;
+    if (!full || !view.points) return;
+    const canvas = (view.canvas ??= Object.assign(document.createElement("canvas"), { className: "nbmon-lines" }));
+    if (canvas.parentNode !== root) root.appendChild(canvas);
+    const ratio = window.devicePixelRatio || 1;
+    const [w, h] = [full.width, full.height];
+    if (canvas.width !== Math.round(w * ratio) || canvas.height !== Math.round(h * ratio)) {
+      Object.assign(canvas, { width: Math.round(w * ratio), height: Math.round(h * ratio) });
+      Object.assign(canvas.style, { width: `${w}px`, height: `${h}px` });
+    }
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, w, h);
+    const drawn = [];
+    view.series.forEach((s, k) => {
+      const trace = traces[view.traceOf[k]];
+      const { x, y } = view.points[k];
+      drawn.push({ meta: trace?.meta, name: trace?.name, x, y });
+      if (!own || !trace || trace.visible !== true || !x.length) return;
+      const xa = full[axisKey(trace.xaxis)], ya = full[axisKey(trace.yaxis)];
+      const X = scale(xa, false), Y = scale(ya, true);
+      ctx.save();
+      ctx.beginPath();
+      ctx.rect(xa._offset, ya._offset, xa._length, ya._length);
+      ctx.clip();
+      ctx.beginPath();
+      let first = NaN, last = NaN;
+      for (let i = 0; i < x.length; i++) {
+        if (Number.isNaN(y[i])) continue;   // connectgaps
+        const [px, py] = [X(x[i]), Y(y[i])];
+        if (Number.isNaN(first)) {
+          ctx.moveTo(px, py);
+          first = px;
+        } else ctx.lineTo(px, py);
+        last = px;
+      }
+      if (trace.fill === "tozeroy" && !Number.isNaN(first)) {
+        ctx.save();
+        ctx.lineTo(last, Y(0));
+        ctx.lineTo(first, Y(0));
+        ctx.closePath();
+        ctx.fillStyle = trace.fillcolor;
+        ctx.fill();
+        ctx.restore();
+      }
+      const width = trace.line?.width ?? 2;
+      if (width > 0) {
+        ctx.lineWidth = width;
+        ctx.lineJoin = "round";
+        ctx.strokeStyle = trace.line.color;
+        ctx.setLineDash((DASHES[trace.line.dash] || []).map((d) => d * width));
+        ctx.stroke();
+      }
+      ctx.restore();
+    });
+    this.label(view);
+    // What the view draws, for the page's tests and benchmarks.
+    root.__nbmonDrawn = { traces: drawn, bands: view.groups.map((g) => describe(g).hover) };
+    if (view.tip?.style.display === "block") this.hover(view);
+  }
+
+  /**
+   * The bands' labels, over the plot's top edge at each band's start, or at
+   * the plot's left edge for one that began before it (a long cell, still
+   * named): moved at every paint, never a plotly redraw.
+   */
+  label(view) {
+    const full = view.root._fullLayout, xa = full.xaxis;
+    const box = (view.labelBox ??= Object.assign(document.createElement("div"), { className: "nbmon-band-labels" }));
+    if (box.parentNode !== view.root) view.root.append(box);
+    const { l, t, w } = full._size;
+    Object.assign(box.style, { left: `${l}px`, top: `${t + 1}px`, width: `${w}px`, color: view.theme?.band || "" });
+    const X = scale(xa, false);
+    const texts = view.labels.map(({ t: at, text }) => [Math.max(0, X(at) - l), text]);
+    while (box.children.length > texts.length) box.lastChild.remove();
+    while (box.children.length < texts.length) box.append(document.createElement("span"));
+    texts.forEach(([left, text], k) => {
+      const span = box.children[k];
+      if (span.textContent !== text) span.textContent = text;
+      span.style.left = `${left + 2}px`;
+    });
+  }
+
+  /** The values at the pointer, in a box of our own (plotly's hover needs its traces' points). */
+  hover(view, event = view.pointer) {
+    const root = view.root, full = root._fullLayout;
+    view.pointer = event;
+    const tip = view.tip;
+    if (!event || event.buttons || !full || !view.points) {
+      tip.style.display = view.cursor.style.display = "none";
+      return;
+    }
+    const box = root.getBoundingClientRect();
+    const [px, py] = [event.clientX - box.left, event.clientY - box.top];
+    const { l, t, w, h } = full._size;
+    const xa = full.xaxis;
+    if (!xa || px < l || px > l + w || py < t || py > t + h) {
+      tip.style.display = view.cursor.style.display = "none";
+      return;
+    }
+    const at = xa.range[0] + ((px - xa._offset) / xa._length) * (xa.range[1] - xa.range[0]);
+    const theme = view.theme || themeOf(root);
+    const rows = [];
+    view.series.forEach((s, k) => {
+      const trace = root._fullData[view.traceOf[k]];
+      const { x, text } = view.points[k];
+      if (!trace || trace.visible !== true || !x.length) return;
+      const i = nearest(x, at);
+      rows.push([trace.line?.color || theme.fg, trace.name, text[i]]);
+    });
+    const band = view.groups.find((g) => g.a <= at && at <= g.b);
+    tip.replaceChildren(line(fmt(at, "s"), "nbmon-hover-head"));
+    for (const [color, name, value] of rows) {
+      const row = line(`${name}: ${value}`);
+      const swatch = document.createElement("span");
+      swatch.className = "nbmon-hover-swatch";
+      swatch.style.background = color;
+      row.prepend(swatch);
+      tip.append(row);
+    }
+    if (band) tip.append(line(describe(band).hover));
+    Object.assign(tip.style, { display: "block", background: theme.bg, color: theme.fg, borderColor: theme.grid,
+      maxWidth: `${full.width - 8}px` });
+    // Right of the pointer, else left of it, and never past the chart's edges (a narrow one: it wraps).
+    const width = tip.offsetWidth;
+    const left = px + 12 + width <= full.width ? px + 12 : Math.max(0, Math.min(px - 12 - width, full.width - width));
+    Object.assign(tip.style, { left: `${left}px`, top: `${t + 4}px` });
+    Object.assign(view.cursor.style, { display: "block", left: `${px}px`, top: `${t}px`, height: `${h}px`,
+      background: theme.grid });
   }
 
   /** The title is text that changes every frame: set it as such between redraws. */
@@ -817,26 +1046,35 @@ class Live {
   }
 
   /**
-   * The figure's traces, the streamed ones with their ``points``, then the
-   * streams' own traces; the cells' bars as high as their axis in ``layout``.
+   * The figure's traces, the streamed ones with their ``points`` where
+   * plotly draws them (not ``own``: else empty, paint() draws them), then
+   * the streams' own traces; the cells' bars (hover texts for plotly's
+   * hover) as high as their axis in ``layout``. Each stream's trace index
+   * in ``view.traceOf``.
    */
-  data(series, points, groups, layout) {
+  data(view, points, groups, layout, own) {
     const live = new Map();
     const added = [];
-    series.forEach((s, k) => {
-      if (s.stream.trace) added.push({ ...s.stream.trace, ...points[k] });
-      else live.set(s.stream.index, k);
+    const traces = this.model.get("_widget_data");
+    const none = { x: [NaN], y: [NaN], text: [""] };   // one point, which draws nothing: plotly hides a trace with none
+    view.traceOf = view.series.map((s, k) => {
+      if (!s.stream.trace) {
+        live.set(s.stream.index, k);
+        return s.stream.index;
+      }
+      added.push({ ...s.stream.trace, ...(own ? none : points[k]) });
+      return traces.length + added.length - 1;
     });
     const bars = { x: [], width: [], hovertext: [] };
-    for (const group of groups) {
+    for (const group of own ? [] : groups) {
       bars.x.push((group.a + group.b) / 2);
       bars.width.push(group.b - group.a);
       bars.hovertext.push(describe(group).hover);
     }
-    return this.model.get("_widget_data").map((trace, i) => {
+    return traces.map((trace, i) => {
       const out = { ...trace };
       for (const key of ["x", "y", "width", "base"]) if (trace[key] && trace[key].dtype) out[key] = typed(trace[key]);
-      if (live.has(i)) Object.assign(out, points[live.get(i)]);
+      if (live.has(i)) Object.assign(out, own ? none : points[live.get(i)]);
       if (trace.meta === "cells") {
         const high = layout[(trace.yaxis || "y").replace("y", "yaxis")]?.range?.[1] ?? 1;
         Object.assign(out, bars, { y: bars.x.map(() => high) });
@@ -845,24 +1083,29 @@ class Live {
     }).concat(added);
   }
 
-  layout(view, groups, pxPerS, top) {
+  layout(view, groups, pxPerS, top, own) {
     // The kernel's patch over the figure's layout: its shapes and notes added, the rest replaced.
     const { shapes: marks = [], annotations = [], ...patch } = this.nbmon.layout || {};
     const stored = { ...this.model.get("_widget_layout"), ...patch };
     const theme = view.theme || themeOf(view.root);
     const end = view.drawn.x1;
     const revision = (view.revision = (view.revision || 0) + 1);
+    view.labels = [];
     const shapes = groups.map((group, k) => {
       const { label } = describe(group);
+      const first = group.cells[0], last = group.cells[group.cells.length - 1];
       // A label may run past its band, not into the next band's.
       const room = ((groups[k + 1]?.a ?? end + 1e9) - group.a) * pxPerS;
-      const fits = room >= label.length * LABEL_PX_PER_CHAR + 4;
+      if (room >= label.length * LABEL_PX_PER_CHAR + 4) view.labels.push({ t: first.t0, text: label });
+      // The cells' own ends (plotly clips a band to the plot), a running one's far
+      // beyond the newest point: a band stays as drawn while the window scrolls.
       return {
-        type: "rect", xref: "x", yref: "paper", x0: group.a, x1: group.b, y0: 0, y1: 1, layer: "below",
+        type: "rect", xref: "x", yref: "paper", x0: Math.min(first.t0, group.a),
+        x1: last.t1 == null ? first.t0 + RUNNING_S : group.b, y0: 0, y1: 1, layer: "below",
         name: "nbmon-cell", fillcolor: `rgba(${BAND_FILL.join(", ")})`, line: { width: 0 },
-        label: { text: fits ? label : "", textposition: "top left", font: { size: 10, color: theme.band } },
       };
     });
+    view.bands = steady(shapes, view.bands, pxPerS);
     return {
       ...stored,
       ...ranges(stored, view.drawn, top, view.yzoom, view.autoscaled || 0),
@@ -870,8 +1113,9 @@ class Live {
       width: view.width || view.root.clientWidth,
       ...this.top(view, stored),
       font: { ...(stored.font || {}), color: theme.fg },
+      hovermode: own ? false : stored.hovermode,
       hoverlabel: { bgcolor: theme.bg, bordercolor: theme.grid, font: { color: theme.fg } },
-      shapes: (stored.shapes || []).filter((s) => s.name !== "nbmon-cell").concat(marks, shapes),
+      shapes: (stored.shapes || []).filter((s) => s.name !== "nbmon-cell").concat(marks, view.bands),
       annotations: (stored.annotations || []).concat(annotations),
       datarevision: revision,
     };
@@ -936,6 +1180,56 @@ export function tops(axes, points) {
     out.set(axes[k], top);
   });
   return out;
+}
+
+/**
+ * The cell bands as last drawn where ``shapes`` would move none of them by
+ * half a pixel (a window that grows moves a band's 1 px minimum by less),
+ * else ``shapes``.
+ */
+export function steady(shapes, drawn, pxPerS) {
+  if (!drawn || drawn.length !== shapes.length) return shapes;
+  const near = (a, b) => Math.abs(a - b) * pxPerS < 0.5;
+  return shapes.every((s, k) => near(s.x0, drawn[k].x0) && near(s.x1, drawn[k].x1)) ? drawn : shapes;
+}
+
+/** What plotly would draw differently, but for its axes' ranges: equal keys need only those moved. */
+export function frameKey(layout) {
+  return JSON.stringify(layout, (key, value) => (["range", "datarevision", "template"].includes(key) ? undefined : value));
+}
+
+/** {xaxis: [a, b], yaxis2: ...}: the range of every axis in ``layout``. */
+export function axisRanges(layout) {
+  const out = {};
+  for (const [key, axis] of Object.entries(layout)) if (/^[xy]axis\d*$/.test(key) && axis?.range) out[key] = axis.range;
+  return out;
+}
+
+const axisKey = (id) => (id || "x").replace(/^([xy])/, "$1axis");
+
+/** Data to pixels on a plotly axis as it shows now: its range, offset and length (y: upwards). */
+function scale(axis, upwards) {
+  const [r0, r1] = axis.range;
+  const k = axis._length / (r1 - r0 || 1);
+  return upwards ? (v) => axis._offset + axis._length - (v - r0) * k : (v) => axis._offset + (v - r0) * k;
+}
+
+/** Index of the value in ascending ``xs`` (not empty) nearest ``t``. */
+export function nearest(xs, t) {
+  let lo = 0, hi = xs.length - 1;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (xs[mid] < t) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo > 0 && t - xs[lo - 1] < xs[lo] - t ? lo - 1 : lo;
+}
+
+function line(text, className = "") {
+  const div = document.createElement("div");
+  div.className = className;
+  div.textContent = text;
+  return div;
 }
 
 /**

@@ -13,9 +13,15 @@ import re
 INIT_SCRIPT = r"""(() => {
   const frames = (window.__nbmonFrames = []);
   const marks = (window.__nbmonMarks = {});
-  // Every Plotly.react the page runs (the dashboards' redraws): when, and how
-  // long its synchronous part held the main thread.
-  const redraws = (window.__nbmonRedraws = []);
+  // Every redraw of the page's dashboards: when, and how long it held the
+  // main thread: their "nbmon-redraw" measures (User Timing), or where a
+  // version has none, the synchronous part of every Plotly.react.
+  const measured = [], reacts = [];
+  Object.defineProperty(window, "__nbmonRedraws", { get: () => (measured.length ? measured : reacts) });
+  window.__nbmonReacts = reacts;
+  new PerformanceObserver((list) => {
+    for (const e of list.getEntries()) if (e.name === "nbmon-redraw") measured.push({ t: e.startTime, ms: e.duration });
+  }).observe({ entryTypes: ["measure"] });
   let plotly;
   Object.defineProperty(window, "Plotly", { configurable: true, get: () => plotly, set(value) {
     plotly = value;
@@ -24,7 +30,7 @@ INIT_SCRIPT = r"""(() => {
     value.react = function (...args) {
       const t = performance.now();
       const out = react.apply(this, args);
-      redraws.push({ t, ms: performance.now() - t });
+      reacts.push({ t, ms: performance.now() - t });
       return out;
     };
     value.react.__nbmonTimed = true;
@@ -74,7 +80,8 @@ INIT_SCRIPT = r"""(() => {
     if (marks.record === undefined && document.querySelector(".nbmon-live-record")) marks.record = now;
     if (marks.chart === undefined) {
       for (const plot of document.querySelectorAll(".js-plotly-plot")) {
-        if (plot.data && plot.data.some((t) => t.y && t.y.length > 0)) marks.chart = now;
+        const traces = plot.__nbmonDrawn ? plot.__nbmonDrawn.traces : plot.data || [];
+        if (traces.some((t) => t.y && t.y.length > 0)) marks.chart = now;
       }
     }
     if (marks.chart !== undefined) observer.disconnect();
@@ -103,14 +110,16 @@ COLORS = r"""
 """
 
 # Contrast of the chart's texts against what is behind them: the hover box's
-# texts against its box, the cell bands' labels against the band over the page.
+# text against its box, the cell bands' labels against the band over the page.
 CONTRASTS = "(plot) => {" + COLORS + r"""
   const page = backdrop(plot);
   const fill = (el) => { const s = getComputedStyle(el); return over([...rgb(s.fill).slice(0, 3), +s.fillOpacity], page); };
-  const box = plot.querySelector(".hoverlayer .legend rect.bg, .hoverlayer .hovertext path");
-  const hover = box ? [...plot.querySelectorAll(".hoverlayer text")].map((t) => contrast(fill(t), fill(box))) : [];
+  const box = plot.querySelector(".nbmon-hover");
+  const shown = box && getComputedStyle(box).display !== "none";
+  const boxFill = shown && over(rgb(getComputedStyle(box).backgroundColor), page);
+  const hover = shown ? [contrast(over(rgb(getComputedStyle(box).color), boxFill), boxFill)] : [];
   const band = over([128, 128, 128, 0.1], page);
-  const labels = [...plot.querySelectorAll(".shape-label-text")].map((t) => contrast(fill(t), band));
+  const labels = [...plot.querySelectorAll(".nbmon-band-labels > span")].map((t) => contrast(over(rgb(getComputedStyle(t).color), page), band));
   return { hover, labels };
 }"""
 

@@ -34,7 +34,8 @@ RECORDER = """() => {
   const t0 = performance.now();
   window.setInterval(() => {
     const plot = document.querySelectorAll('.jp-Notebook .jp-Cell')[1].querySelector('.js-plotly-plot');
-    const points = plot && plot.data ? plot.data.reduce((n, t) => n + (t.x ? t.x.length : 0), 0) : 0;
+    const drawn = plot && plot.__nbmonDrawn ? plot.__nbmonDrawn.traces : [];
+    const points = drawn.reduce((n, t) => n + t.x.length, 0);
     if (points) log.push([performance.now() - t0, points]);
   }, 100);
 }"""

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 
 import {
   DUTY, MAX_HELD, MERGE_PX, REDRAW_MAX_MS, REDRAW_MIN_MS, Series, bandGroups, contrast, decimate, describe, muted, over, parseColor, ranges, signature,
-  redrawWait, tops, typed, userRanges,
+  axisRanges, frameKey, nearest, redrawWait, steady, tops, typed, userRanges,
 } from "../dashboard.js";
 
 function series(ys, step = 0.1, capacity = MAX_HELD) {
@@ -150,4 +150,28 @@ test("new points wait as long as keeps the page's redraws within DUTY of its mai
   // before any redraw is timed (the first builds the plot): the shortest wait
   assert.equal(redrawWait(NaN, 1), REDRAW_MIN_MS);
   assert.equal(redrawWait(25, 0), redrawWait(25, 1));
+});
+
+test("a layout that differs only in its axes' ranges needs only those redrawn", () => {
+  const layout = (x1, label) => ({
+    xaxis: { range: [0, x1], title: { text: "s" } }, yaxis2: { range: [0, x1 / 2] }, datarevision: x1,
+    template: { layout: {} }, shapes: [{ x0: 1, name: label }],
+  });
+  assert.equal(frameKey(layout(10, "[1]")), frameKey(layout(11, "[1]")));
+  assert.notEqual(frameKey(layout(10, "[1]")), frameKey(layout(10, "[2]")));
+  assert.deepEqual(axisRanges(layout(10, "")), { xaxis: [0, 10], yaxis2: [0, 5] });
+});
+
+test("a band that would move by less than half a pixel stays as drawn", () => {
+  const band = (x0, x1) => ({ x0, x1 });
+  const drawn = [band(10, 10.5)];
+  assert.equal(steady([band(10.001, 10.501)], drawn, 100), drawn);   // 0.1 px
+  assert.notEqual(steady([band(10.01, 10.5)], drawn, 100), drawn);   // 1 px
+  assert.notEqual(steady([band(10, 10.5), band(20, 21)], drawn, 100), drawn);
+});
+
+test("the hover reads the drawn point nearest the pointer", () => {
+  const xs = Float64Array.from([0, 1, 2, 4]);
+  assert.deepEqual([-1, 0.4, 0.6, 2.9, 3.1, 9].map((t) => nearest(xs, t)), [0, 0, 1, 2, 3, 3]);
+  assert.equal(nearest(Float64Array.from([5]), 0), 0);
 });
