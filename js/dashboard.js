@@ -858,8 +858,9 @@ class Live {
     const own = !this.events.size;   // plotly draws the lines itself only for a user's event callbacks
     const layout = this.layout(view, groups, pxPerS, top, own);
     const frame = `${this.edits}|${own}|${frameKey(layout)}`;
+    const shown = axisRanges(layout);
     if (own && view.plotted === frame) {
-      this.scroll(view, layout);
+      this.scroll(view, shown);
     } else {
       view.root.style.height = `${layout.height}px`;
       this.Plotly.react(view.root, this.data(view, points, groups, layout, own), layout, {
@@ -871,7 +872,7 @@ class Live {
       if (legendHeight(view.root._fullLayout) !== view.legendPx) this.schedule(view, true);
       view.title = null;   // plotly drew view.plotTitle
     }
-    view.ranges = axisRanges(layout);
+    view.ranges = shown;
     this.paint(view, own);
     const ms = performance.now() - began;
     // For the page's profilers (a PerformanceObserver), and not kept: a day of them would be megabytes.
@@ -883,13 +884,13 @@ class Live {
   }
 
   /**
-   * Only the axes' ranges moved: plotly redraws those axes and nothing else
+   * Only the axes' ranges (``shown``) moved: plotly redraws those axes and nothing else
    * (its relayout of ranges alone skips its whole pipeline: ~3 ms here,
    * where a react is ~30), and paint() the lines.
    */
-  scroll(view, layout) {
+  scroll(view, shown) {
     const moved = {};
-    for (const [key, r] of Object.entries(axisRanges(layout))) {
+    for (const [key, r] of Object.entries(shown)) {
       const was = view.ranges?.[key];
       if (!was || was[0] !== r[0] || was[1] !== r[1]) moved[`${key}.range`] = r;
     }
@@ -994,15 +995,12 @@ class Live {
     const root = view.root, full = root._fullLayout;
     view.pointer = event;
     const tip = view.tip;
-    if (!event || event.buttons || !full || !view.points) {
-      tip.style.display = view.cursor.style.display = "none";
-      return;
-    }
     const box = root.getBoundingClientRect();
-    const [px, py] = [event.clientX - box.left, event.clientY - box.top];
-    const { l, t, w, h } = full._size;
-    const xa = full.xaxis;
-    if (!xa || px < l || px > l + w || py < t || py > t + h) {
+    const [px, py] = event ? [event.clientX - box.left, event.clientY - box.top] : [NaN, NaN];
+    const { l, t, w, h } = full?._size || {};
+    const xa = full?.xaxis;
+    // Outside the plot (NaN compares false), or while a button is down (a zoom or a pan): none.
+    if (!(xa && view.points && event && !event.buttons && px >= l && px <= l + w && py >= t && py <= t + h)) {
       tip.style.display = view.cursor.style.display = "none";
       return;
     }
