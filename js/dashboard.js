@@ -35,16 +35,20 @@
 //   * cell bands only inside the visible range, and neighbours closer than
 //     MERGE_PX merged into one band (bandGroups()), labelled where the label
 //     does not run into the next band's;
-//   * the lines are painted on a canvas over the plot (paint()); plotly draws
-//     the rest (axes, legend, bands, title) and holds one empty point per
-//     stream. A redraw that only moves the axes' ranges (the window scrolls,
-//     a new peak) is a plotly relayout of those ranges (~3 ms here) and a
-//     paint (~1 ms); plotly's whole pipeline (Plotly.react, ~30 ms) runs only
-//     when anything else changes (frameKey()): a band, the theme, the size,
+//   * the lines, the cell bands and the x axes' grid and tick labels are
+//     painted on a canvas over the plot (paint()); plotly draws the rest (the
+//     y axes, legend, title, the kernel's marks) and holds one empty point per
+//     stream. Plotly's x axes never move while the window scrolls: a relayout
+//     of them (axes, then the whole plot measured and rastered) cost the page
+//     ~60 ms of CPU per redraw, where the paint costs ~1 ms; they are brought
+//     to the painted range only when the user presses a button on the chart
+//     (press(): plotly's zoom and pan start from them). A new y peak is a
+//     relayout of that axis; plotly's whole pipeline (Plotly.react, ~30 ms)
+//     runs only when anything else changes (frameKey()): the theme, the size,
 //     the kernel's edits, the legend. The hover is a box of our own (plotly's
 //     would need its traces' points). Where the user's code asks for plotly's
-//     events (they carry the points), plotly holds and draws the points
-//     itself, at its own cost;
+//     events (they carry the points), plotly holds and draws the points, the
+//     bands and its x axes itself, at its own cost;
 //   * nothing is redrawn unless something would move by a pixel (the x range,
 //     a point, a band, the theme, the size: signature()), and new points only
 //     as often as keeps the page's redraws within DUTY of its main thread
@@ -69,7 +73,7 @@
 // works: render() below.
 //
 // What a view drew is on its element as __nbmonDrawn ({traces: [{meta, name,
-// x, y}], bands: [hover text]}), and each redraw a "nbmon-redraw" User Timing
+// x, y}], bands: [hover text], x: {range, bands: [[a, b]], ticks: [text]}}), and each redraw a "nbmon-redraw" User Timing
 // measure: the page's tests and benchmarks read them.
 //
 // Built into nbmon/notebook/static/dashboard.js by js/build.mjs, which
@@ -126,6 +130,9 @@ export const MERGE_PX = 6;      // bands closer than this merge, and none is dra
 const LABEL_PX_PER_CHAR = 6.5;  // a band label's width at 10 px, to show only labels that fit
 const MIN_CONTRAST = 5.0;       // text against what is behind it (WCAG AA asks 4.5)
 const RUNNING_S = 1e6;          // a running cell's band: past any window's end, clipped by plotly
+export const X_TICK_PX = 80;    // plotly's spacing of x ticks: one per 80 px at most, 5 to 10 of them
+const TICK_PAD_PX = 4;          // an x tick label's top below its plot
+const X_TITLE_STANDOFF_PX = 34; // the x title below the painted tick labels, where plotly's own put it
 const DASHES = { dot: [1, 2], dash: [4, 2], longdash: [8, 2], dashdot: [4, 2, 1, 2], longdashdot: [8, 2, 1, 2] };  // x line width
 const SIZE_KEYS = new Set(["width", "height", "autosize"]);
 // Plotly's "reset axes" and double click would go back to the first ranges
@@ -702,12 +709,18 @@ class Live {
       });
     };
     for (const type of ["mousemove", "mousedown", "mouseleave"]) root.addEventListener(type, view.onPointer);
+    view.onPress = () => this.press(view);
+    view.onRelease = () => {
+      view.held = false;
+      this.schedule(view, true);
+    };
+    root.addEventListener("pointerdown", view.onPress, true);   // before plotly's mousedown
     // Plotly's own button would draw the figure again from its traces, which hold no points.
     view.download = {
       name: "nbmon-download", title: "Download plot as a PNG", icon: this.Plotly.Icons.camera,
       click: () => this.Plotly.downloadImage({
         data: this.data(view, view.points, view.groups, root.layout, false),
-        layout: { ...root.layout, hovermode: false },
+        layout: this.imageLayout(view),
       }, { format: "png", filename: "nbmon", width: root._fullLayout.width, height: root._fullLayout.height }),
     };
     document.addEventListener("plotlywidget-after-render", view.rendered);
@@ -736,6 +749,8 @@ class Live {
     cancelAnimationFrame(view.frame);
     cancelAnimationFrame(view.hoverFrame);
     for (const type of ["mousemove", "mousedown", "mouseleave"]) view.root.removeEventListener(type, view.onPointer);
+    view.root.removeEventListener("pointerdown", view.onPress, true);
+    window.removeEventListener("pointerup", view.onRelease, true);
     view.tip.remove();
     view.cursor.remove();
     view.canvas?.remove();
@@ -807,6 +822,38 @@ class Live {
     });
   }
 
+  /**
+   * A button pressed on the chart, before plotly's zoom or pan sees it:
+   * plotly's x axes (which stay where the last react left them while the
+   * window scrolls) to the painted range, and no redraw until it is released.
+   */
+  press(view) {
+    const full = view.root._fullLayout;
+    if (!full || !view.drawn || this.events.size) return;
+    const [a, b] = this.xRange(view);
+    view.held = true;
+    window.addEventListener("pointerup", view.onRelease, { capture: true, once: true });
+    const moved = {};
+    for (const key of xKeys(full)) if (full[key].range[0] !== a || full[key].range[1] !== b) moved[`${key}.range`] = [a, b];
+    if (!Object.keys(moved).length) return;
+    PAGE.scrolling += 1;   // its plotly_relayout is not the user's
+    this.Plotly.relayout(view.root, moved).finally(() => (PAGE.scrolling -= 1));
+  }
+
+  /**
+   * The x range the chart shows: the painted one, or plotly's while a button
+   * is held (a pan moves it) or where plotly draws the x axes (the user's events).
+   */
+  xRange(view) {
+    const d = view.drawn;
+    return !this.events.size && !view.held && d ? [d.x0, d.x1] : view.root._fullLayout.xaxis.range;
+  }
+
+  /** Data to pixels on plotly's x axis ``xa`` at the range the chart shows. */
+  xScale(view, xa) {
+    return scale({ range: this.xRange(view), _offset: xa._offset, _length: xa._length }, false);
+  }
+
   /** The x range to draw: the user's zoom, else the window up to the newest point. */
   range(view, px) {
     if (view.zoom) return { x0: +view.zoom[0], x1: +view.zoom[1], edges: true };
@@ -823,8 +870,8 @@ class Live {
 
   draw(view) {
     if (!view.ready || this.disposed || !this.taken()) return;
-    if (!view.visible || document.hidden || !view.root.isConnected) {
-      view.stale = true;
+    if (!view.visible || document.hidden || !view.root.isConnected || view.held) {
+      view.stale = true;   // held: the user's zoom or pan moves the axes (onRelease draws)
       return;
     }
     view.stale = false;
@@ -860,7 +907,7 @@ class Live {
     const frame = `${this.edits}|${own}|${frameKey(layout)}`;
     const shown = axisRanges(layout);
     if (own && view.plotted === frame) {
-      this.scroll(view, shown);
+      this.scroll(view, shown, own);
     } else {
       view.root.style.height = `${layout.height}px`;
       this.Plotly.react(view.root, this.data(view, points, groups, layout, own), layout, {
@@ -886,11 +933,13 @@ class Live {
   /**
    * Only the axes' ranges (``shown``) moved: plotly redraws those axes and nothing else
    * (its relayout of ranges alone skips its whole pipeline: ~3 ms here,
-   * where a react is ~30), and paint() the lines.
+   * where a react is ~30), but for the x axes where the view paints them
+   * (``own``), and paint() the lines.
    */
-  scroll(view, shown) {
+  scroll(view, shown, own) {
     const moved = {};
     for (const [key, r] of Object.entries(shown)) {
+      if (own && key[0] === "x") continue;   // painted: plotly's stay until press()
       const was = view.ranges?.[key];
       if (!was || was[0] !== r[0] || was[1] !== r[1]) moved[`${key}.range`] = r;
     }
@@ -920,6 +969,7 @@ class Live {
     const ctx = canvas.getContext("2d");
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
     ctx.clearRect(0, 0, w, h);
+    const x = own ? this.paintX(ctx, view, full) : null;
     const drawn = [];
     view.series.forEach((s, k) => {
       const trace = traces[view.traceOf[k]];
@@ -927,7 +977,7 @@ class Live {
       drawn.push({ meta: trace?.meta, name: trace?.name, x, y });
       if (!own || !trace || trace.visible !== true || !x.length) return;
       const xa = full[axisKey(trace.xaxis)], ya = full[axisKey(trace.yaxis)];
-      const X = scale(xa, false), Y = scale(ya, true);
+      const X = this.xScale(view, xa), Y = scale(ya, true);
       ctx.save();
       ctx.beginPath();
       ctx.rect(xa._offset, ya._offset, xa._length, ya._length);
@@ -964,8 +1014,52 @@ class Live {
     });
     this.label(view);
     // What the view draws, for the page's tests and benchmarks.
-    root.__nbmonDrawn = { traces: drawn, bands: view.groups.map((g) => describe(g).hover) };
+    root.__nbmonDrawn = { traces: drawn, bands: view.groups.map((g) => describe(g).hover), x };
     if (view.tip?.style.display === "block") this.hover(view);
+  }
+
+  /**
+   * The x axes as plotly draws them, at the range the chart shows: in each
+   * subplot the cell bands and the grid lines, and tick labels under the
+   * axes that show them (styled as the y axes: one template). What it drew:
+   * {range, bands: [[a, b]], ticks: [text]}.
+   */
+  paintX(ctx, view, full) {
+    const range = this.xRange(view);
+    const { tickfont: font = {}, gridcolor = "rgba(128, 128, 128, 0.25)", gridwidth = 1 } = full.yaxis;
+    const ticks = [];
+    for (const key of xKeys(full)) {
+      const xa = full[key], ya = full[axisKey(xa.anchor)], shown = view.xaxes?.[key] || {};
+      if (!ya?._length) continue;
+      const X = this.xScale(view, xa);
+      const [left, right, top, bottom] = [xa._offset, xa._offset + xa._length, ya._offset, ya._offset + ya._length];
+      ctx.fillStyle = `rgba(${BAND_FILL.join(", ")})`;
+      for (const g of view.groups) {
+        const a = Math.max(left, X(g.a)), b = Math.min(right, X(g.b));
+        if (b > a) ctx.fillRect(a, top, b - a, bottom - top);
+      }
+      const { values, step } = xTicks(range[0], range[1], xa._length);
+      if (shown.showgrid !== false && gridwidth > 0) {
+        ctx.beginPath();
+        for (const v of values) {
+          const px = Math.round(X(v)) + 0.5;   // a 1 px line on a pixel, not across two
+          ctx.moveTo(px, top);
+          ctx.lineTo(px, bottom);
+        }
+        Object.assign(ctx, { strokeStyle: gridcolor, lineWidth: gridwidth });
+        ctx.setLineDash([]);
+        ctx.stroke();
+      }
+      if (shown.showticklabels === false) continue;
+      Object.assign(ctx, { font: `${font.size || 12}px ${font.family || "sans-serif"}`, fillStyle: font.color || "#444",
+        textAlign: "center", textBaseline: "top" });
+      for (const v of values) {
+        const text = tickText(v, step, values);
+        ctx.fillText(text, X(v), bottom + TICK_PAD_PX);
+        ticks.push(text);
+      }
+    }
+    return { range, bands: view.groups.map((g) => [g.a, g.b]), ticks };
   }
 
   /**
@@ -974,12 +1068,12 @@ class Live {
    * named): moved at every paint, never a plotly redraw.
    */
   label(view) {
-    const full = view.root._fullLayout, xa = full.xaxis;
+    const full = view.root._fullLayout;
     const box = (view.labelBox ??= Object.assign(document.createElement("div"), { className: "nbmon-band-labels" }));
     if (box.parentNode !== view.root) view.root.append(box);
     const { l, t, w } = full._size;
     Object.assign(box.style, { left: `${l}px`, top: `${t + 1}px`, width: `${w}px`, color: view.theme?.band || "" });
-    const X = scale(xa, false);
+    const X = this.xScale(view, full.xaxis);
     const texts = view.labels.map(({ t: at, text }) => [Math.max(0, X(at) - l), text]);
     while (box.children.length > texts.length) box.lastChild.remove();
     while (box.children.length < texts.length) box.append(document.createElement("span"));
@@ -1004,7 +1098,8 @@ class Live {
       tip.style.display = view.cursor.style.display = "none";
       return;
     }
-    const at = xa.range[0] + ((px - xa._offset) / xa._length) * (xa.range[1] - xa.range[0]);
+    const [r0, r1] = this.xRange(view);
+    const at = r0 + ((px - xa._offset) / xa._length) * (r1 - r0);
     const theme = view.theme || themeOf(root);
     const rows = [];
     view.series.forEach((s, k) => {
@@ -1104,19 +1199,38 @@ class Live {
       };
     });
     view.bands = steady(shapes, view.bands, pxPerS);
+    const axes = ranges(stored, view.drawn, top, view.yzoom, view.autoscaled || 0);
+    // Painted (paintX()): plotly's x axes draw only their titles. view.xaxes: as plotly would draw them.
+    view.xaxes = {};
+    for (const key of own ? Object.keys(axes) : []) {
+      if (key[0] !== "x") continue;
+      view.xaxes[key] = axes[key];
+      axes[key] = { ...axes[key], showgrid: false, showticklabels: false, zeroline: false,
+        title: { ...(axes[key].title || {}), standoff: X_TITLE_STANDOFF_PX } };
+    }
     return {
       ...stored,
-      ...ranges(stored, view.drawn, top, view.yzoom, view.autoscaled || 0),
+      ...axes,
       autosize: false,
       width: view.width || view.root.clientWidth,
       ...this.top(view, stored),
       font: { ...(stored.font || {}), color: theme.fg },
       hovermode: own ? false : stored.hovermode,
       hoverlabel: { bgcolor: theme.bg, bordercolor: theme.grid, font: { color: theme.fg } },
-      shapes: (stored.shapes || []).filter((s) => s.name !== "nbmon-cell").concat(marks, view.bands),
+      shapes: (stored.shapes || []).filter((s) => s.name !== "nbmon-cell").concat(marks, own ? [] : view.bands),
       annotations: (stored.annotations || []).concat(annotations),
       datarevision: revision,
     };
+  }
+
+  /** The figure for the download button: plotly draws all of it, its x axes and the bands too. */
+  imageLayout(view) {
+    const layout = { ...view.root.layout, hovermode: false };
+    if (this.events.size) return layout;
+    const range = this.xRange(view);
+    for (const [key, axis] of Object.entries(view.xaxes || {})) layout[key] = { ...axis, range: [...range] };
+    layout.shapes = [...(layout.shapes || []), ...view.bands];
+    return layout;
   }
 
   /**
@@ -1204,6 +1318,34 @@ export function axisRanges(layout) {
 }
 
 const axisKey = (id) => (id || "x").replace(/^([xy])/, "$1axis");
+const xKeys = (full) => Object.keys(full).filter((key) => /^xaxis\d*$/.test(key) && full[key]?._length);
+
+/**
+ * Plotly's ticks for a linear x axis from ``x0`` to ``x1`` over ``px``
+ * pixels: a step of 1, 2 or 5 times a power of ten, above the range over
+ * one tick per X_TICK_PX (4 to 9 of them, plus one); ``values`` the multiples of ``step`` in the range.
+ */
+export function xTicks(x0, x1, px) {
+  if (!(x1 > x0) || !(px > 0)) return { values: [], step: NaN };
+  const rough = (x1 - x0) / (Math.min(9, Math.max(4, px / X_TICK_PX)) + 1);
+  const base = 10 ** Math.floor(Math.log10(rough));
+  const step = base * [2, 5, 10].find((m) => m > rough / base);   // plotly's roundUp: the next one up
+  const values = [];
+  for (let k = Math.ceil(x0 / step - 1e-9); k * step <= x1 + step * 1e-9; k++) values.push(k * step + 0);   // not -0
+  return { values, step };
+}
+
+/**
+ * A tick's label as plotly writes it: the decimals ``step`` needs, no
+ * trailing zeros ("0", "0.5", "1"), thousands as "k" where the axis reaches
+ * 10,000 (``values``: its ticks), a minus sign for negatives.
+ */
+export function tickText(v, step, values = [v]) {
+  const k = values.some((t) => Math.abs(t) >= 1e4) ? 1e3 : 1;
+  const decimals = Math.max(0, -Math.floor(Math.log10(step / k) + 1e-9));
+  const number = String(+(v / k).toFixed(decimals) + 0);   // + 0: not "-0"
+  return `${number.replace("-", "\u2212")}${k > 1 ? "k" : ""}`;
+}
 
 /** Data to pixels on a plotly axis as it shows now: its range, offset and length (y: upwards). */
 function scale(axis, upwards) {

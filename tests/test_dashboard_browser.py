@@ -5,6 +5,7 @@ notebook saved while it runs shows its figures after the kernel is gone."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from pathlib import Path
@@ -125,6 +126,14 @@ class Page:
                 }
                 return [t.meta, n];
             }));
+            // Ink on the canvas in the strip under the bottom plot: the painted x tick labels.
+            const full = plot._fullLayout, ratio = canvas.width / full.width;
+            const bottom = Math.max(...Object.keys(full).filter(k => /^yaxis[0-9]*$/.test(k))
+                .map(k => full[k]._offset + full[k]._length));
+            const strip = canvas.getContext('2d').getImageData(0, Math.ceil((bottom + 2) * ratio),
+                canvas.width, Math.ceil(14 * ratio)).data;
+            let tickInk = 0;
+            for (let i = 3; i < strip.length; i += 4) if (strip[i] > 128) tickInk += 1;
             return {points: Object.fromEntries(drawn.map(t => [t.meta, t.y.length])), inked,
                     reacts: window.__nbmonReacts.length, redraws: window.__nbmonRedraws.length,
                     names: plot.data.map(t => t.name), title: plot._fullLayout.title.text,
@@ -132,10 +141,38 @@ class Page:
                     room: plot.closest('.nbmon-live-record').clientWidth,
                     cells: [...plot.querySelectorAll('.nbmon-band-labels > span')].map(s => s.textContent),
                     hover: plot.__nbmonDrawn.bands,
-                    bands: (plot._fullLayout.shapes || []).filter(s => s.name === 'nbmon-cell').map(s => [s.x0, s.x1]),
+                    bands: plot.__nbmonDrawn.x.bands, ticks: plot.__nbmonDrawn.x.ticks, tickInk,
                     last: Math.max(...drawn.map(t => t.x[t.x.length - 1] ?? -1)),
-                    xrange: plot._fullLayout.xaxis.range, yrange: plot._fullLayout.yaxis2.range};
+                    xrange: plot.__nbmonDrawn.x.range, plotlyX: full.xaxis.range, yrange: full.yaxis2.range};
         }""")
+
+    def download(self) -> dict:
+        """Click the chart's download button; what the PNG holds, decoded by the browser: its size,
+        the pixels in the first kernel trace's colour, and the ink under the bottom plot (tick labels)."""
+        with self.page.expect_download(timeout=30_000) as info:
+            self.page.locator('.nbmon-live-record .modebar-btn[data-title="Download plot as a PNG"]').first.click()
+        data = base64.b64encode(Path(info.value.path()).read_bytes()).decode()
+        return self.page.evaluate("""async (data) => {
+            const plot = document.querySelector('.nbmon-live-record .js-plotly-plot');
+            const full = plot._fullLayout;
+            const image = await createImageBitmap(await (await fetch('data:image/png;base64,' + data)).blob());
+            const canvas = Object.assign(document.createElement('canvas'), {width: image.width, height: image.height});
+            const ctx = canvas.getContext('2d');
+            ctx.drawImage(image, 0, 0);
+            const pixels = ctx.getImageData(0, 0, image.width, image.height).data;
+            const trace = plot._fullData.find(t => /^proc_/.test(t.meta));
+            const [r, g, b] = trace.line.color.match(/^#(..)(..)(..)$/).slice(1).map(h => parseInt(h, 16));
+            const bottom = Math.max(...Object.keys(full).filter(k => /^yaxis[0-9]*$/.test(k))
+                .map(k => full[k]._offset + full[k]._length));
+            let line = 0, ticks = 0;
+            for (let i = 0; i < pixels.length; i += 4) {
+                const y = Math.floor(i / 4 / image.width);
+                if (pixels[i + 3] > 200 && Math.abs(pixels[i] - r) + Math.abs(pixels[i + 1] - g)
+                    + Math.abs(pixels[i + 2] - b) < 30) line += 1;
+                if (y > bottom + 2 && y < bottom + 16 && pixels[i + 3] > 128) ticks += 1;
+            }
+            return {size: [image.width, image.height], chart: [full.width, full.height], line, ticks};
+        }""", data)
 
     def contrasts(self) -> dict:
         return self.page.evaluate(CONTRASTS, self.page.locator(".nbmon-live-record .js-plotly-plot").first.element_handle())
@@ -337,12 +374,18 @@ def test_the_window_holds_and_hover_zoom_or_resize_send_nothing(lab, browser):
         assert x1 - x0 <= WINDOW_S + 0.5 and x1 >= chart["last"] - 1.0, chart["xrange"]
         assert chart["bands"] and all(a <= x1 and b >= x0 for a, b in chart["bands"]), chart
         assert chart["cells"] == ["[4]"], chart["cells"]
-        # a full window scrolls: its redraws move plotly's axes, not its whole pipeline (Plotly.react:
-        # one where a band leaves or loses its label, or the legend wraps)
+        # its x tick labels are painted under the plot, within the window
+        assert chart["tickInk"] > 100 and 3 <= len(chart["ticks"]) <= 11, chart["ticks"]
+        assert all(x0 - 0.01 <= float(t) <= x1 + 0.01 for t in chart["ticks"]), (chart["ticks"], chart["xrange"])
+        # a full window scrolls: its redraws paint, and move neither plotly's x axes (the
+        # costly relayout) nor run its whole pipeline (Plotly.react: one where the legend wraps)
         page.page.wait_for_timeout(10_000)
         later = page.chart()
         assert later["redraws"] - chart["redraws"] >= 2, (chart["redraws"], later["redraws"])
         assert later["reacts"] - chart["reacts"] <= 1, (chart["reacts"], later["reacts"])
+        assert later["xrange"][0] > x0 + 5 and later["ticks"] != chart["ticks"], (chart["xrange"], later["xrange"])
+        if later["reacts"] == chart["reacts"]:
+            assert later["plotlyX"] == chart["plotlyX"], (chart["plotlyX"], later["plotlyX"])
 
         # hovering: nothing to the kernel, and the hover box reads
         t0 = page.now()
@@ -352,6 +395,9 @@ def test_the_window_holds_and_hover_zoom_or_resize_send_nothing(lab, browser):
         assert contrasts["hover"] and min(contrasts["hover"]) >= MIN_CONTRAST, contrasts
         assert contrasts["labels"] and min(contrasts["labels"]) >= MIN_CONTRAST, contrasts
         page.shot("dashboard-hover.png")
+        # the download button: plotly draws the whole chart, its lines, x tick labels and all
+        image = page.download()
+        assert image["size"] == image["chart"] and image["line"] > 300 and image["ticks"] > 100, image
 
         # zoom into the live part: nothing sent, and the zoom stays while points arrive
         box = page.plot_area()
@@ -362,7 +408,8 @@ def test_the_window_holds_and_hover_zoom_or_resize_send_nothing(lab, browser):
         page.page.mouse.up()
         page.page.wait_for_timeout(500)
         zoomed = page.chart()["xrange"]
-        assert zoomed[1] - zoomed[0] < 0.5 * (x1 - x0), zoomed
+        # the part of the window that was shown (plotly's x axes had stayed where its last react put them)
+        assert zoomed[1] - zoomed[0] < 0.5 * (x1 - x0) and zoomed[0] > later["xrange"][0], (later["xrange"], zoomed)
         page.page.wait_for_timeout(2000)
         assert page.chart()["xrange"] == zoomed
         # a double click follows the window again

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 
 import {
   DUTY, MAX_HELD, MERGE_PX, REDRAW_MAX_MS, REDRAW_MIN_MS, Series, bandGroups, contrast, decimate, describe, muted, over, parseColor, ranges, signature,
-  axisRanges, frameKey, nearest, redrawWait, steady, tops, typed, userRanges,
+  X_TICK_PX, axisRanges, frameKey, nearest, redrawWait, steady, tickText, tops, typed, userRanges, xTicks,
 } from "../dashboard.js";
 
 function series(ys, step = 0.1, capacity = MAX_HELD) {
@@ -174,4 +174,30 @@ test("the hover reads the drawn point nearest the pointer", () => {
   const xs = Float64Array.from([0, 1, 2, 4]);
   assert.deepEqual([-1, 0.4, 0.6, 2.9, 3.1, 9].map((t) => nearest(xs, t)), [0, 0, 1, 2, 3, 3]);
   assert.equal(nearest(Float64Array.from([5]), 0), 0);
+});
+
+test("x ticks as plotly places them: 1, 2 or 5 times ten to a power, one per 80 px at most", () => {
+  assert.deepEqual(xTicks(0, 10, 800), { values: [0, 2, 4, 6, 8, 10], step: 2 });
+  assert.deepEqual(xTicks(-0.4, 3, 800).values, [0, 0.5, 1, 1.5, 2, 2.5, 3]);
+  assert.deepEqual(xTicks(48.7, 78.6, 800).values, [50, 55, 60, 65, 70, 75]);
+  assert.deepEqual(xTicks(0, 1, 200).values, [0, 0.5, 1]);
+  for (const [x0, x1, px] of [[0, 600, 800], [3.3, 3.9, 400], [-5, 120, 1000], [7200, 7800, 700]]) {
+    const { values, step } = xTicks(x0, x1, px);
+    assert.ok(values.length >= 3 && values.length <= 11, `${x0}..${x1}: ${values}`);
+    assert.ok(values.every((v) => v >= x0 - 1e-9 && v <= x1 + 1e-9));
+    assert.ok(px / (values.length - 1) >= 0.8 * X_TICK_PX || values.length <= 5);
+    assert.ok([1, 2, 5].some((m) => Math.abs(step / 10 ** Math.floor(Math.log10(step)) - m) < 1e-9));
+  }
+  assert.deepEqual(xTicks(5, 5, 800).values, []);
+});
+
+test("tick labels read as plotly writes them: the step's decimals and no trailing zeros, k past 10,000, a minus sign", () => {
+  assert.equal(tickText(0.6000000000000001, 0.2), "0.6");
+  assert.equal(tickText(55, 5), "55");
+  assert.equal(tickText(1, 0.5), "1");
+  assert.equal(tickText(1e-17, 0.1), "0");
+  assert.equal(tickText(-2, 1), "\u22122");
+  assert.equal(tickText(-0, 1), "0");
+  assert.equal(tickText(12500, 500, [12000, 12500]), "12.5k");
+  assert.equal(tickText(9000, 1000, [8000, 9000]), "9000");
 });
