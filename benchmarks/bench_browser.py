@@ -26,8 +26,8 @@ on its own JupyterLab), runs alternated between the variants:
   from 10).
 
 A redraw is one of the dashboard's "nbmon-redraw" measures (User Timing: a
-relayout of plotly's axes and a paint of the lines, or where more changed
-a Plotly.react), or for a version without them one Plotly.react: its
+paint of the canvas, a relayout of a y axis whose top moved, or where more
+changed a Plotly.react), or for a version without them one Plotly.react: its
 milliseconds are its synchronous part (what holds the page's main thread),
 median and 90th percentile; "Plotly.react / s" counts plotly's whole
 pipeline apart. Figures
@@ -293,7 +293,7 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: JupyterLab in headless Chromium (1300 x 1000), "
         "a fresh kernel and page for each measurement, variants alternated; load average "
         f"{load_before[0]:.2f} before, {load_after[0]:.2f} after. A redraw is one \"nbmon-redraw\" measure "
-        "(a relayout of plotly's axes and a paint, or a Plotly.react), or without them one Plotly.react; its "
+        "(a paint, a relayout of a y axis, or a Plotly.react), or without them one Plotly.react; its "
         "milliseconds the synchronous part. Median (min–max) over runs.", "",
         f"Start and idle: times from the kernel starting `%resmon`; messages, bytes, CPU and redraws over "
         f"{args.idle:g} s of an idle open dashboard.", "",

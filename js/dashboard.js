@@ -52,7 +52,7 @@
 //   * nothing is redrawn unless something would move by a pixel (the x range,
 //     a point, a band, the theme, the size: signature()), and new points only
 //     as often as keeps the page's redraws within DUTY of its main thread
-//     (redrawWait(): every second for one dashboard here, later for many);
+//     (redrawWait(): every 2 s for one dashboard here, later for many);
 //     bands keep the ends they were drawn with while those move by under half
 //     a pixel (steady()); the title, which changes with every frame,
 //     is set as text (plotly draws the same one every time: a new text is
@@ -115,14 +115,16 @@ const CSS = `
 
 export const MAX_HELD = 20000;  // points held per trace; past it, the oldest half merges into min/max pairs
 const BUCKET_PX = 2;            // a redraw's column width: its lowest and highest point
-// A redraw is a relayout of plotly's axes and a paint, or where more changed a
-// full Plotly.react (plotly's whole pipeline: ~20-30 ms on a 2-core VM, a floor
-// of the figure, not of its points). New points wait until the page's redraws
-// (all its dashboards) have held its main thread at most DUTY of the time, and
-// between REDRAW_MIN_MS (a frame comes every 500 ms) and REDRAW_MAX_MS (still
-// live); a 600 s window on ~800 px moves by ~1.3 px a second.
+// A redraw is a paint (~1 ms of script), a relayout of a y axis whose top
+// moved, or where more changed a full Plotly.react (plotly's whole pipeline:
+// ~20-30 ms on a 2-core VM, a floor of the figure, not of its points). New
+// points wait until the page's redraws (all its dashboards) have held its main
+// thread at most DUTY of the time, and between REDRAW_MIN_MS and REDRAW_MAX_MS
+// (still live). The floor is for what the script does not see: each paint
+// costs the browser another ~20-40 ms of raster and compositing here (more in a
+// long notebook); a 600 s window on ~800 px moves by ~1.3 px a second.
 export const DUTY = 0.01;
-export const REDRAW_MIN_MS = 1000;
+export const REDRAW_MIN_MS = 2000;
 export const REDRAW_MAX_MS = 5000;
 const REDRAWS_TIMED = 8;        // the median of the page's last redraws is what one costs
 const HEADROOM = 1.05;           // a y axis's top above its highest point (plotly's own autorange margin)
