@@ -29,6 +29,9 @@ WAIT_FOR = ("import pathlib, time\nt0 = time.monotonic()\n"
 WAIT_FOR_TEST = WAIT_FOR.format(name="go")
 WINDOW_S = 8.0         # the window test's --window
 MIN_CONTRAST = 4.5     # WCAG AA, for every text of the chart
+# JS, with `full` a plot's _fullLayout: the bottom edge of its lowest subplot, where x tick labels go
+PLOT_BOTTOM = ("Math.max(...Object.keys(full).filter(k => /^yaxis[0-9]*$/.test(k))"
+               ".map(k => full[k]._offset + full[k]._length))")
 
 
 def write_notebook(path: Path, cells) -> None:
@@ -128,8 +131,7 @@ class Page:
             }));
             // Ink on the canvas in the strip under the bottom plot: the painted x tick labels.
             const full = plot._fullLayout, ratio = canvas.width / full.width;
-            const bottom = Math.max(...Object.keys(full).filter(k => /^yaxis[0-9]*$/.test(k))
-                .map(k => full[k]._offset + full[k]._length));
+            const bottom = PLOT_BOTTOM;
             const strip = canvas.getContext('2d').getImageData(0, Math.ceil((bottom + 2) * ratio),
                 canvas.width, Math.ceil(14 * ratio)).data;
             let tickInk = 0;
@@ -144,7 +146,7 @@ class Page:
                     bands: plot.__nbmonDrawn.x.bands, ticks: plot.__nbmonDrawn.x.ticks, tickInk,
                     last: Math.max(...drawn.map(t => t.x[t.x.length - 1] ?? -1)),
                     xrange: plot.__nbmonDrawn.x.range, plotlyX: full.xaxis.range, yrange: full.yaxis2.range};
-        }""")
+        }""".replace("PLOT_BOTTOM", PLOT_BOTTOM))
 
     def download(self) -> dict:
         """Click the chart's download button; what the PNG holds, decoded by the browser: its size,
@@ -162,8 +164,7 @@ class Page:
             const pixels = ctx.getImageData(0, 0, image.width, image.height).data;
             const trace = plot._fullData.find(t => /^proc_/.test(t.meta));
             const [r, g, b] = trace.line.color.match(/^#(..)(..)(..)$/).slice(1).map(h => parseInt(h, 16));
-            const bottom = Math.max(...Object.keys(full).filter(k => /^yaxis[0-9]*$/.test(k))
-                .map(k => full[k]._offset + full[k]._length));
+            const bottom = PLOT_BOTTOM;
             let line = 0, ticks = 0;
             for (let i = 0; i < pixels.length; i += 4) {
                 const y = Math.floor(i / 4 / image.width);
@@ -172,7 +173,7 @@ class Page:
                 if (y > bottom + 2 && y < bottom + 16 && pixels[i + 3] > 128) ticks += 1;
             }
             return {size: [image.width, image.height], chart: [full.width, full.height], line, ticks};
-        }""", data)
+        }""".replace("PLOT_BOTTOM", PLOT_BOTTOM), data)
 
     def contrasts(self) -> dict:
         return self.page.evaluate(CONTRASTS, self.page.locator(".nbmon-live-record .js-plotly-plot").first.element_handle())

@@ -945,9 +945,7 @@ class Live {
     window.addEventListener("pointerup", view.onRelease, { capture: true, once: true });
     const moved = {};
     for (const key of xKeys(full)) if (full[key].range[0] !== a || full[key].range[1] !== b) moved[`${key}.range`] = [a, b];
-    if (!Object.keys(moved).length) return;
-    PAGE.scrolling += 1;   // its plotly_relayout is not the user's
-    this.Plotly.relayout(view.root, moved).finally(() => (PAGE.scrolling -= 1));
+    this.moveAxes(view, moved);
   }
 
   /**
@@ -1053,6 +1051,11 @@ class Live {
       const was = view.ranges?.[key];
       if (!was || was[0] !== r[0] || was[1] !== r[1]) moved[`${key}.range`] = r;
     }
+    this.moveAxes(view, moved);
+  }
+
+  /** Plotly's axes to the ranges in ``moved`` ({"xaxis.range": [a, b]}), not as the user's zoom. */
+  moveAxes(view, moved) {
     if (!Object.keys(moved).length) return;
     PAGE.scrolling += 1;   // its plotly_relayout is not the user's
     this.Plotly.relayout(view.root, moved).finally(() => (PAGE.scrolling -= 1));
