@@ -28,10 +28,11 @@ on its own JupyterLab), runs alternated between the variants:
 A redraw is one of the dashboard's "nbmon-redraw" measures (User Timing: a
 paint of the canvas, a relayout of a y axis whose top moved, or where more
 changed a Plotly.react), or for a version without them one Plotly.react: its
-milliseconds are its synchronous part (what holds the page's main thread),
-median and 90th percentile; "Plotly.react / s" counts plotly's whole
-pipeline apart. Figures
-are medians (min–max) over runs. ``--out`` writes the tables into
+milliseconds are its synchronous part, median and 90th percentile; "frame
+ms" times the same redraws to the end of the frame that rendered them
+("nbmon-frame": the script, then the page's style, layout and paint, what
+holds its main thread); "Plotly.react / s" counts plotly's whole pipeline
+apart. Figures are medians (min–max) over runs. ``--out`` writes the tables into
 benchmarks/RESULTS.md (their own section). CPU figures need a quiet
 machine: the load average before and after is part of the text.
 """
@@ -67,10 +68,23 @@ def cells_notebook(n: int, nbmon: bool = True) -> list[str]:
     return (["%load_ext nbmon", "%resmon"] if nbmon else ["x = 0"]) + ["x = 1"] * n
 
 
-def settle_s(n: int) -> float:
-    """How long JupyterLab itself stays busy after Run All of n cells (measured
-    without nbmon: a renderer at ~100 % for ~40 s after 1,000 cells, then ~0.7 %)."""
-    return max(5.0, 0.06 * n)
+QUIET_PCT = 15.0    # Chromium under this share of a core is done with Run All (an idle dashboard: ~4 %)
+QUIET_WINDOW_S = 3.0
+
+
+def quiet(page, timeout_s: float = 240) -> float:
+    """Wait until Chromium's CPU over QUIET_WINDOW_S is under QUIET_PCT % of a
+    core: JupyterLab itself stays busy after Run All (a renderer at ~100 % for
+    40 s to minutes after 1,000 cells, then ~1 %), longer on a loaded machine.
+    The seconds waited, or NaN where it was not quiet within ``timeout_s``."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        pids = browser_pids(os.getpid())
+        cpu0, t0 = cpu_seconds(pids), time.monotonic()
+        page.wait_for_timeout(QUIET_WINDOW_S * 1000)
+        if 100 * (cpu_seconds(pids) - cpu0) / (time.monotonic() - t0) < QUIET_PCT:
+            return time.monotonic() - began
+    return math.nan
 
 
 def write(root: Path, notebooks: dict[str, list[str]]) -> None:
@@ -111,10 +125,12 @@ def measure(page, seconds: float, pids: dict[str, list[int]]) -> dict:
     out = {f"{name} CPU %": 100 * (cpu_seconds(p) - cpu0[name]) / wall for name, p in pids.items()}
     idle = idle_figures(page.evaluate("window.__nbmonFrames"), t0, t1)
     redraws = redraw_figures(page.evaluate("window.__nbmonRedraws"), t0, t1)
+    frames = redraw_figures(page.evaluate("window.__nbmonRedrawFrames"), t0, t1)
     out.update({"browser->kernel msgs": idle["browser_to_kernel"], "status msgs": idle["status"],
                 "kernel->browser KiB/s": idle["kernel_to_browser_bytes_per_s"] / 1024,
                 "redraws / s": redraws["redraws_per_s"], "redraw ms, median": redraws["redraw_ms_median"],
                 "redraw ms, p90": redraws["redraw_ms_p90"],
+                "frame ms, median": frames["redraw_ms_median"], "frame ms, p90": frames["redraw_ms_p90"],
                 "Plotly.react / s": redraw_figures(page.evaluate("window.__nbmonReacts"), t0, t1)["redraws_per_s"]})
     return out
 
@@ -152,12 +168,14 @@ def cells_run(browser, lab, n: int, idle_s: float, nbmon: bool = True) -> dict:
         wait_for(lambda: page.evaluate(replies) >= n + (2 if nbmon else 1), 1200, f"{n} cells to run")
         # Run All scrolled to the last cell: back to the top, where the dashboard
         # is (out of view it draws nothing), once JupyterLab has settled
-        page.wait_for_timeout(settle_s(n) * 1000)
+        settled = quiet(page)
         shown = math.nan
         if nbmon:
             # a page busy redrawing may take long to render the top cells again: measured either way
             shown = float(back_in_view(page))
-        return {**measure(page, idle_s, {"Chromium": browser_pids(os.getpid())}), "dashboard in view": shown}
+            settled += quiet(page)   # rendering the top cells again
+        return {**measure(page, idle_s, {"Chromium": browser_pids(os.getpid())}), "dashboard in view": shown,
+                "settled s": settled}
     finally:
         close(page, lab)
 
@@ -284,8 +302,9 @@ def main() -> None:
     what = {"cold": "%resmon right after %load_ext", "warm": "%load_ext 5 s before",
             "two": "two dashboards on the page"}
     start_keys = list(next(iter(started.values()))["cold"][0])
-    costs = ["Chromium CPU %", "redraws / s", "redraw ms, median", "redraw ms, p90", "Plotly.react / s"]
-    in_view = costs + ["dashboard in view"]
+    costs = ["Chromium CPU %", "redraws / s", "redraw ms, median", "redraw ms, p90", "frame ms, median",
+             "frame ms, p90", "Plotly.react / s"]
+    in_view = costs + ["dashboard in view", "settled s"]
     lines = [
         "## Live dashboard in the browser", "",
         f"`python benchmarks/bench_browser.py --runs {args.runs} --idle {args.idle:g} --ages {args.ages} "
@@ -301,13 +320,15 @@ def main() -> None:
         ""]
     if cell_counts:
         lines += [f"By cells executed: `%resmon`, N cells `x = 1` (Run All), JupyterLab left to settle "
-                  f"(max(5 s, 0.06 s a cell): it is busy itself after many cells), the dashboard scrolled back "
-                  f"into view, then {args.idle:g} s idle; {args.runs} run(s) each, and once the same notebook "
+                  f"(until Chromium is under {QUIET_PCT:g} % of a core over {QUIET_WINDOW_S:g} s: it is busy "
+                  f"itself after many cells), the dashboard scrolled back into view and settled again, then "
+                  f"{args.idle:g} s idle; {args.runs} run(s) each, and once the same notebook "
                   "without nbmon (the page alone).", "",
                   *table([(f"{v}, {n} cells", by_cells[v][n]) for n in cell_counts for v in [*variants, PLAIN]],
                          in_view), "",
                   "(dashboard in view: the share of runs in which the page showed it again after Run All; "
-                  "out of view a dashboard draws nothing)", ""]
+                  "out of view a dashboard draws nothing. settled s: the wait for a quiet page, – where it "
+                  "was not quiet within 4 min)", ""]
     if by_age:
         lines += [f"By chart age: one dashboard per variant (600 s window, 10 Hz: full from 10 min) open "
                   f"{ages[-1]:g} min, each figure over the {args.idle:g} s before its age; one run per variant.", "",

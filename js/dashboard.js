@@ -51,8 +51,9 @@
 //     bands and its x axes itself, at its own cost;
 //   * nothing is redrawn unless something would move by a pixel (the x range,
 //     a point, a band, the theme, the size: signature()), and new points only
-//     as often as keeps the page's redraws within DUTY of its main thread
-//     (redrawWait(): every 2 s for one dashboard here, later for many);
+//     as often as keeps the page's redraws, timed to the end of the frame
+//     that renders them, within DUTY of its main thread (redrawWait(): every
+//     2 s for one dashboard here, later for many or in a long notebook);
 //     bands keep the ends they were drawn with while those move by under half
 //     a pixel (steady()); the title, which changes with every frame,
 //     is set as text (plotly draws the same one every time: a new text is
@@ -73,8 +74,9 @@
 // works: render() below.
 //
 // What a view drew is on its element as __nbmonDrawn ({traces: [{meta, name,
-// x, y}], bands: [hover text], x: {range, bands: [[a, b]], ticks: [text]}}), and each redraw a "nbmon-redraw" User Timing
-// measure: the page's tests and benchmarks read them.
+// x, y}], bands: [hover text], x: {range, bands: [[a, b]], ticks: [text]}}), and each redraw is two
+// User Timing measures: "nbmon-redraw" its script, "nbmon-frame" to the end of
+// the frame that renders it. The page's tests and benchmarks read them.
 //
 // Built into nbmon/notebook/static/dashboard.js by js/build.mjs, which
 // inlines format.js.
@@ -118,11 +120,12 @@ const BUCKET_PX = 2;            // a redraw's column width: its lowest and highe
 // A redraw is a paint (~1 ms of script), a relayout of a y axis whose top
 // moved, or where more changed a full Plotly.react (plotly's whole pipeline:
 // ~20-30 ms on a 2-core VM, a floor of the figure, not of its points). New
-// points wait until the page's redraws (all its dashboards) have held its main
-// thread at most DUTY of the time, and between REDRAW_MIN_MS and REDRAW_MAX_MS
-// (still live). The floor is for what the script does not see: each paint
-// costs the browser another ~20-40 ms of raster and compositing here (more in a
-// long notebook); a 600 s window on ~800 px moves by ~1.3 px a second.
+// points wait until the page's redraws (all its dashboards), each to the end of
+// the frame that renders it (afterFrame()), have held its main thread at most
+// DUTY of the time, and between REDRAW_MIN_MS and REDRAW_MAX_MS (still live).
+// The floor is for what the main thread does not see: each paint costs the
+// browser another ~20-40 ms of raster and compositing here (more in a long
+// notebook); a 600 s window on ~800 px moves by ~1.3 px a second.
 export const DUTY = 0.01;
 export const REDRAW_MIN_MS = 2000;
 export const REDRAW_MAX_MS = 5000;
@@ -164,6 +167,29 @@ export function redrawWait(ms, views) {
 function redrawMs() {
   const sorted = [...PAGE.redraws].sort((a, b) => a - b);
   return sorted.length ? sorted[sorted.length >> 1] : NaN;
+}
+
+/** A User Timing measure from ``start`` to now, handed to observers and not kept: its milliseconds. */
+function measure(name, start) {
+  const ms = performance.now() - start;
+  performance.measure(name, { start, duration: ms });
+  performance.clearMeasures(name);
+  return ms;
+}
+
+/**
+ * ``done`` once the page has rendered the current animation frame: a message
+ * posted from a requestAnimationFrame callback is delivered as the next task,
+ * after that frame's style, layout and paint (what a redraw costs the page's
+ * main thread beyond its script; raster and compositing run on other threads).
+ */
+function afterFrame(done) {
+  const { port1, port2 } = new MessageChannel();
+  port1.onmessage = () => {
+    port1.close();
+    done();
+  };
+  port2.postMessage(null);
 }
 
 function timedRedraw(ms) {
@@ -921,12 +947,14 @@ class Live {
     }
     view.ranges = shown;
     this.paint(view, own);
-    const ms = performance.now() - began;
     // For the page's profilers (a PerformanceObserver), and not kept: a day of them would be megabytes.
-    performance.measure("nbmon-redraw", { start: began, duration: ms });
-    performance.clearMeasures("nbmon-redraw");
-    if (view.timed) timedRedraw(ms);
+    measure("nbmon-redraw", began);
+    const timed = view.timed;
     view.timed = true;   // not its first: that one builds the plot
+    afterFrame(() => {
+      const ms = measure("nbmon-frame", began);
+      if (timed) timedRedraw(ms);
+    });
     this.setTitle(view);
   }
 

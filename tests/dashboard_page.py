@@ -2,7 +2,8 @@
 every frame of the kernel websockets (time, direction, bytes, channel and
 message type, parsed in the page from Jupyter's v1 binary protocol or JSON)
 when the dashboard's record and its chart with data first appeared, and
-every redraw (Plotly.react: when, and its milliseconds).
+every redraw (when, its script's milliseconds and those to the end of its
+frame).
 Installed with ``page.add_init_script`` before JupyterLab or Notebook 7
 load, so it sees the page's own clock for every event."""
 
@@ -15,12 +16,14 @@ INIT_SCRIPT = r"""(() => {
   const marks = (window.__nbmonMarks = {});
   // Every redraw of the page's dashboards: when, and how long it held the
   // main thread: their "nbmon-redraw" measures (User Timing), or where a
-  // version has none, the synchronous part of every Plotly.react.
-  const measured = [], reacts = [];
+  // version has none, the synchronous part of every Plotly.react; and each
+  // redraw to the end of the frame that rendered it ("nbmon-frame").
+  const measured = [], reacts = [], rendered = (window.__nbmonRedrawFrames = []);
   Object.defineProperty(window, "__nbmonRedraws", { get: () => (measured.length ? measured : reacts) });
   window.__nbmonReacts = reacts;
+  const kept = { "nbmon-redraw": measured, "nbmon-frame": rendered };
   new PerformanceObserver((list) => {
-    for (const e of list.getEntries()) if (e.name === "nbmon-redraw") measured.push({ t: e.startTime, ms: e.duration });
+    for (const e of list.getEntries()) kept[e.name]?.push({ t: e.startTime, ms: e.duration });
   }).observe({ entryTypes: ["measure"] });
   let plotly;
   Object.defineProperty(window, "Plotly", { configurable: true, get: () => plotly, set(value) {

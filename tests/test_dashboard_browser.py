@@ -138,6 +138,8 @@ class Page:
             for (let i = 3; i < strip.length; i += 4) if (strip[i] > 128) tickInk += 1;
             return {points: Object.fromEntries(drawn.map(t => [t.meta, t.y.length])), inked,
                     reacts: window.__nbmonReacts.length, redraws: window.__nbmonRedraws.length,
+                    rendered: window.__nbmonRedraws.map(
+                        r => (window.__nbmonRedrawFrames.find(f => f.t === r.t)?.ms ?? NaN) - r.ms),
                     names: plot.data.map(t => t.name), title: plot._fullLayout.title.text,
                     font: plot._fullLayout.font.color, width: plot._fullLayout.width,
                     room: plot.closest('.nbmon-live-record').clientWidth,
@@ -387,6 +389,10 @@ def test_the_window_holds_and_hover_zoom_or_resize_send_nothing(lab, browser):
         assert later["xrange"][0] > x0 + 5 and later["ticks"] != chart["ticks"], (chart["xrange"], later["xrange"])
         if later["reacts"] == chart["reacts"]:
             assert later["plotlyX"] == chart["plotlyX"], (chart["plotlyX"], later["plotlyX"])
+        # each redraw is timed again to the end of the frame that rendered it (what the wait
+        # rule counts): from the same start, and no shorter (the newest one's frame may be under way)
+        rendered = later["rendered"][chart["redraws"]:-1]
+        assert rendered and all(ms >= 0 for ms in rendered), later["rendered"]
 
         # hovering: nothing to the kernel, and the hover box reads
         t0 = page.now()
