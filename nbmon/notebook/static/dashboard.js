@@ -277,7 +277,10 @@ function redrawMs() {
   return sorted.length ? sorted[sorted.length >> 1] : NaN;
 }
 
-/** A User Timing measure from ``start`` to now, handed to observers and not kept: its milliseconds. */
+/**
+ * A User Timing measure from ``start`` to now, for the page's profilers (a
+ * PerformanceObserver), and not kept (a day of them would be megabytes): its milliseconds.
+ */
 function measure(name, start) {
   const ms = performance.now() - start;
   performance.measure(name, { start, duration: ms });
@@ -1055,7 +1058,6 @@ class Live {
     }
     view.ranges = shown;
     this.paint(view, own);
-    // For the page's profilers (a PerformanceObserver), and not kept: a day of them would be megabytes.
     measure("nbmon-redraw", began);
     const timed = view.timed;
     view.timed = true;   // not its first: that one builds the plot
