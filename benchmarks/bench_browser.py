@@ -14,7 +14,8 @@ on its own JupyterLab), runs alternated between the variants:
   5 s before ``%resmon``; "two": two ``%resmon`` cells, two dashboards on
   the page, times to the second): the kernel starts ``%resmon`` (execute_input) ->
   its first display_data reaches the page; -> the widget's comm opens; -> a
-  plotly chart with points is in the page; then over ``--idle`` seconds
+  plotly chart with points is in the page; how long the kernel ran the
+  ``%resmon`` cell, by its own clock (what the next cell waits); then over ``--idle`` seconds
   (default 30): messages browser -> kernel, kernel status messages, kernel ->
   browser KiB/s; CPU (% of one core) of the kernel, of nbmon's sampler helper
   (the kernel's children) and of Chromium (all its processes); redraws.
@@ -55,7 +56,7 @@ sys.path.insert(0, str(HERE.parent))
 import results_file  # noqa: E402  (benchmarks/, the script's own folder)
 from browser_util import CHROMIUM, CHROMIUM_ARGS, JupyterLab, wait_for  # noqa: E402
 from dashboard_page import (INIT_SCRIPT, browser_pids, cpu_seconds, execute_time, idle_figures,  # noqa: E402
-                            kernel_pids, redraw_figures)
+                            kernel_pids, kernel_seconds, redraw_figures)
 
 START = {"cold": ["%load_ext nbmon", "%resmon"],
          "warm": ["%load_ext nbmon", "import time; time.sleep(5)", "%resmon"],
@@ -70,6 +71,9 @@ def cells_notebook(n: int, nbmon: bool = True) -> list[str]:
 
 QUIET_PCT = 15.0    # Chromium under this share of a core is done with Run All (an idle dashboard: ~4 %)
 QUIET_WINDOW_S = 3.0
+# ...but its work decays for ~20 s more (1,000 cells, page alone, 10 s windows
+# after quiet(): 13.6, 7.3, 1.2, 0.6 %): measured after this much more.
+SETTLE_S = 30.0
 
 
 def quiet(page, timeout_s: float = 240) -> float:
@@ -150,7 +154,8 @@ def start_run(browser, lab, name: str, idle_s: float) -> dict:
         frames = page.evaluate("window.__nbmonFrames")
         began = execute_time(frames, r"^%resmon$")
         opened = [f["t"] for f in frames if f["type"] == "comm_open" and f["dir"] == "recv" and f["t"] > began]
-        out = {"first output s": (execute_time(frames, r"^%resmon$", "display_data") - began) / 1000,
+        out = {"%resmon cell s (kernel)": kernel_seconds(frames, r"^%resmon$"),
+               "first output s": (execute_time(frames, r"^%resmon$", "display_data") - began) / 1000,
                "widget opened s": (min(opened) - began) / 1000,
                "chart with data s": (page.evaluate("window.__nbmonMarks.chart") - began) / 1000}
         out.update(measure(page, idle_s, processes(lab)))
@@ -174,6 +179,8 @@ def cells_run(browser, lab, n: int, idle_s: float, nbmon: bool = True) -> dict:
             # a page busy redrawing may take long to render the top cells again: measured either way
             shown = float(back_in_view(page))
             settled += quiet(page)   # rendering the top cells again
+        page.wait_for_timeout(SETTLE_S * 1000)
+        settled += SETTLE_S
         return {**measure(page, idle_s, {"Chromium": browser_pids(os.getpid())}), "dashboard in view": shown,
                 "settled s": settled}
     finally:
@@ -321,7 +328,8 @@ def main() -> None:
     if cell_counts:
         lines += [f"By cells executed: `%resmon`, N cells `x = 1` (Run All), JupyterLab left to settle "
                   f"(until Chromium is under {QUIET_PCT:g} % of a core over {QUIET_WINDOW_S:g} s: it is busy "
-                  f"itself after many cells), the dashboard scrolled back into view and settled again, then "
+                  f"itself after many cells), the dashboard scrolled back into view and settled again, "
+                  f"{SETTLE_S:g} s more (JupyterLab's own work decays), then "
                   f"{args.idle:g} s idle; {args.runs} run(s) each, and once the same notebook "
                   "without nbmon (the page alone).", "",
                   *table([(f"{v}, {n} cells", by_cells[v][n]) for n in cell_counts for v in [*variants, PLAIN]],

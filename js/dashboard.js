@@ -240,13 +240,15 @@ function installStyle() {
   document.head.appendChild(style);
 }
 
-// The kernel pushes plotly's bundle once per process, a moment after its
-// first dashboard opens; a page that missed it (reloaded, a second tab) asks
-// for it after ASK_AFTER_MS. Asking needs the kernel's main thread, which a
-// running cell holds: a push does not.
+// The kernel pushes plotly's bundle once per process: through a carrier
+// model (its "_nbmon" says carrier: true, nothing else) as %resmon starts, so
+// that the page imports it while the kernel builds the chart, or else through
+// its first dashboard's model; a page that missed it (reloaded, a second tab)
+// asks a dashboard for it after ASK_AFTER_MS. Asking needs the kernel's main
+// thread, which a running cell holds: a push does not.
 const ASK_AFTER_MS = 3000;
 
-function loadBundle(model) {
+function loadBundle(model, ask = true) {
   const version = model.get("_nbmon").bundle;
   if (!BUNDLES.has(version)) {
     const entry = { done: false, asked: false };
@@ -262,7 +264,7 @@ function loadBundle(model) {
   };
   model.on("msg:custom", onMessage);
   entry.promise.finally(() => model.off("msg:custom", onMessage));
-  setTimeout(() => {
+  if (ask) setTimeout(() => {
     if (entry.done || entry.asked) return;
     entry.asked = true;
     model.send({ type: "nbmon:bundle" });
@@ -1487,6 +1489,10 @@ function disconnected(record, text) {
 
 export default {
   initialize({ model }) {
+    if (model.get("_nbmon").carrier) {   // closed by the kernel once it has sent the bundle
+      loadBundle(model, false);
+      return undefined;
+    }
     installStyle();
     const live = new Live(model);
     return () => live.dispose();

@@ -55,14 +55,14 @@ INIT_SCRIPT = r"""(() => {
     const part = (i) => new Uint8Array(data, at[i], at[i + 1] - at[i]);
     const contentPart = part(4);
     return { bytes: data.byteLength, channel: decoder.decode(part(0)), header: json(part(1)), parent: json(part(2)),
-             content: contentPart.length < 20000 ? json(contentPart) : {} };
+             content: contentPart.length < 200000 ? json(contentPart) : {} };
   }
   function note(dir, data) {
     const m = parse(data);
     const c = m.content || {};
-    frames.push({ dir, t: performance.now(), bytes: m.bytes, channel: m.channel, type: m.header.msg_type,
+    frames.push({ dir, t: performance.now(), date: m.header.date, bytes: m.bytes, channel: m.channel, type: m.header.msg_type,
                   id: m.header.msg_id, parent: m.parent.msg_id, parentType: m.parent.msg_type,
-                  code: typeof c.code === "string" ? c.code.slice(0, 200) : undefined,
+                  code: typeof c.code === "string" ? c.code.slice(0, 200) : undefined, comm: c.comm_id,
                   state: c.execution_state, method: c.data && c.data.method,
                   kind: c.data && c.data.content && c.data.content.type,
                   keys: c.data && c.data.state && Object.keys(c.data.state) });
@@ -127,16 +127,32 @@ CONTRASTS = "(plot) => {" + COLORS + r"""
 }"""
 
 
-def execute_time(frames, pattern: str, reply: str = "execute_input") -> float:
-    """Page time at which the kernel began to run the cell matching
-    ``pattern`` (its execute_input: "Run All" sends every request at once),
-    or at which the page received that cell's first ``reply`` message."""
+def execute_frame(frames, pattern: str, reply: str = "execute_input") -> dict:
+    """The kernel's execute_input for the cell matching ``pattern`` ("Run
+    All" sends every request at once), or that cell's first ``reply`` message."""
     sent = [f["id"] for f in frames if f["dir"] == "send" and f["type"] == "execute_request"
             and re.search(pattern, f.get("code") or "")]
     assert sent, f"no execute_request matching {pattern!r} was sent"
-    got = [f["t"] for f in frames if f["type"] == reply and f["parent"] == sent[-1]]
+    got = [f for f in frames if f["type"] == reply and f["parent"] == sent[-1]]
     assert got, f"no {reply} for the cell matching {pattern!r}"
     return got[0]
+
+
+def execute_time(frames, pattern: str, reply: str = "execute_input") -> float:
+    """Page time at which the kernel began to run the cell matching
+    ``pattern``, or at which the page received that cell's first ``reply``."""
+    return execute_frame(frames, pattern, reply)["t"]
+
+
+def kernel_seconds(frames, pattern: str) -> float:
+    """How long the kernel ran the cell matching ``pattern``, by the kernel's
+    own clock (its execute_input and execute_reply headers): what the next
+    cell waited, whatever the page was busy with."""
+    from datetime import datetime
+
+    began, ended = (datetime.fromisoformat(execute_frame(frames, pattern, kind)["date"])
+                    for kind in ("execute_input", "execute_reply"))
+    return (ended - began).total_seconds()
 
 
 def idle_figures(frames, t_from: float, t_to: float) -> dict:

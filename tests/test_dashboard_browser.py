@@ -254,8 +254,17 @@ def test_lab_dashboard_is_quick_one_way_and_survives_the_kernel(lab, browser):
         started = execute_time(frames, r"^%resmon$")
         first_output = (marks["record"] - started) / 1000
         assert first_output <= FIRST_OUTPUT_S, f"%resmon showed its first output after {first_output:.2f} s"
-        # the plotly bundle came once, on request, and never as widget state
-        assert len([f for f in frames if f["kind"] == "nbmon:bundle" and f["dir"] == "recv"]) == 1
+        # plotly's bundle came once, unasked, never as widget state, and ahead of
+        # the chart's own model: through a model opened for it and closed at once
+        # (with its Layout), so that the page imports it while the chart is built
+        (bundle,) = [f for f in frames if f["kind"] == "nbmon:bundle"]
+        assert bundle["dir"] == "recv"
+        opened = [f for f in frames if f["type"] == "comm_open" and f["dir"] == "recv" and f["t"] > started]
+        carrier = {f["comm"] for f in opened if f["t"] < bundle["t"]}   # its model and its Layout
+        closed = {f["comm"] for f in frames if f["type"] == "comm_close" and f["dir"] == "recv"}
+        assert bundle["comm"] in carrier and len(carrier) == 2 and carrier <= closed, (bundle, carrier, closed)
+        assert any("_nbmon" in (f["keys"] or ()) for f in opened if f["comm"] not in carrier), \
+            "the chart's own model opened after the bundle"
 
         # readable: the kernel's own traces, machine bands, cells labelled, full width
         assert chart["names"][:2] == ["CPU, machine (100 = every CPU)", "CPU, process tree (100 = one core)"]

@@ -173,6 +173,59 @@ def test_the_first_state_is_decimated_and_holds_no_plotly_bundle(stopped, dashbo
     assert len(bundle) > 1_000_000 and b"as FigureView" in bundle
 
 
+@pytest.fixture
+def comms(monitor, monkeypatch):
+    """Every widget comm opened from here on, recorded (the kernel's side of
+    it), in a process that has not sent plotly's bundle yet."""
+    import comm
+
+    from nbmon.notebook import live
+
+    opened: list[RecordingComm] = []
+
+    def create(**kwargs):
+        opened.append(RecordingComm(**kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(comm, "create_comm", create)
+    monkeypatch.setattr(live, "_bundle_sent", False)
+    return opened
+
+
+def bundles(opened: list[RecordingComm]) -> list[bytes]:
+    return [b for c in opened for _, (b,) in c.customs("nbmon:bundle")]
+
+
+def test_plotly_bundle_goes_ahead_of_the_view_once_on_a_model_closed_at_once(comms, monitor, dashboards):
+    from nbmon.notebook.live import push_bundle
+
+    assert push_bundle() is True
+    ((bundle,),) = [bundles(comms)]
+    assert len(bundle) > 1_000_000 and b"as FigureView" in bundle
+    # the carrier and its Layout: each opened, then closed; nothing of them left to save
+    assert len(comms) == 2
+    assert all(c.published[0][0] == "comm_open" and c.published[-1][0] == "comm_close" for c in comms)
+    assert push_bundle() is False
+    d = Dashboard(monitor, refresh_hz=50.0, build=False)   # built by its refresher, as %resmon does
+    dashboards.append(d)
+    wait_until(lambda: d.refreshes >= 2, timeout=POLL_S, what="two refreshes")
+    assert len(bundles(comms)) == 1 and d.errors == 0, d.last_error
+
+
+def test_a_bundle_that_could_not_go_ahead_comes_with_the_first_view(comms, monitor, dashboards, monkeypatch):
+    from nbmon.notebook import live
+
+    found = live.plotly_bundle
+    monkeypatch.setattr(live, "plotly_bundle", lambda: ("0", live.pathlib.Path("/nonexistent/widgetbundle.js")))
+    assert live.push_bundle() is False
+    assert bundles(comms) == [] and all(c.published[-1][0] == "comm_close" for c in comms)
+    monkeypatch.setattr(live, "plotly_bundle", found)
+    d = Dashboard(monitor, refresh_hz=50.0, build=False)
+    dashboards.append(d)
+    wait_until(lambda: bundles(comms), timeout=POLL_S, what="the view to send the bundle")
+    assert len(bundles(comms)) == 1 and d.errors == 0, d.last_error
+
+
 def test_cells_are_sent_as_bands_once_and_again_when_they_end(stopped, dashboards):
     cells = []
     d = Dashboard(stopped, start=False, cells=cells)

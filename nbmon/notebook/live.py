@@ -33,6 +33,12 @@ The refresher counts its errors (``errors``, ``last_error``), never raises
 them; :meth:`LiveView.freeze` stops it and returns the final record,
 :meth:`LiveView.close` also closes the widget's comm.
 
+plotly's widget bundle (plotly.js, ~5 MB) reaches the page once per
+process, as a custom message: :func:`push_bundle` sends it as soon as
+``%resmon`` is asked for a chart (the page takes ~1.2 s to import it, which
+then runs while the kernel starts its sampler and builds the view), else the
+first view sends it; a page that missed it asks a view for it.
+
 The first plotly FigureWidget of a process cost ~1-2.5 s of GIL-holding
 imports, nearly all of it nbformat -> jsonschema -> rfc3987_syntax (which
 builds a grammar): plotly.io imports nbformat for ``fig.show()``'s mime
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import html
 import importlib
+import importlib.metadata
 import importlib.util
 import math
 import pathlib
@@ -66,7 +73,8 @@ LOADER = (pathlib.Path(__file__).parent / "static" / "dashboard.js").read_text(e
 EVENTS = ("hover", "unhover", "click", "select", "deselect")   # plotly's trace events
 _classes: dict[str, type] = {}
 _classes_lock = threading.Lock()
-_bundle_pushed = threading.Event()   # once per process: pages that missed it ask
+_bundle_lock = threading.Lock()
+_bundle_sent = False   # once per process: pages that missed it ask
 
 
 # -- arguments ---------------------------------------------------------------------
@@ -128,6 +136,55 @@ def import_plotly() -> None:
                 renderers.nbformat = _Deferred("nbformat")
 
 
+def plotly_bundle() -> tuple[str, pathlib.Path]:
+    """plotly's version and its widget bundle (plotly.js with plotly's
+    FigureModel and FigureView, js/dashboard.js: importBundle), found
+    without importing plotly (~1 s cold)."""
+    spec = importlib.util.find_spec("plotly")
+    return importlib.metadata.version("plotly"), pathlib.Path(spec.origin).parent / "package_data" / "widgetbundle.js"
+
+
+def _claim_bundle() -> bool:
+    """True for the one caller per process that sends plotly's bundle."""
+    global _bundle_sent
+    with _bundle_lock:
+        first, _bundle_sent = not _bundle_sent, True
+        return first
+
+
+def push_bundle() -> bool:
+    """Send plotly's bundle to the page now, ahead of the live view that
+    needs it (once per process; a no-op after). It travels through a widget
+    of nbmon's front end opened for it alone and closed at once, never
+    displayed: a page handles a comm's messages in order, the bundle before
+    the close, so no model is left behind. Where this fails (False), the
+    first view sends the bundle itself, and counts what fails there."""
+    global _bundle_sent
+    if not _claim_bundle():
+        return False
+    try:
+        import anywidget
+        import traitlets
+
+        version, path = plotly_bundle()
+
+        class BundleCarrier(anywidget.AnyWidget):
+            _esm = LOADER
+            _nbmon = traitlets.Dict({"bundle": version, "carrier": True}).tag(sync=True)
+
+        carrier = BundleCarrier()
+        try:
+            carrier.send({"type": "nbmon:bundle"}, [path.read_bytes()])
+        finally:
+            carrier.close()
+            carrier.layout.close()   # a DOMWidget's own Layout widget: a model of its own
+        return True
+    except Exception:
+        with _bundle_lock:
+            _bundle_sent = False
+        return False
+
+
 def widget_class() -> type:
     """nbmon's FigureWidget class (made once per process)."""
     with _classes_lock:
@@ -138,11 +195,10 @@ def widget_class() -> type:
 
 
 def _make_widget_class() -> type:
-    import plotly
     import plotly.graph_objects as go
     import traitlets
 
-    bundle_path = pathlib.Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
+    version, bundle_path = plotly_bundle()
 
     class FigureWidget(go.FigureWidget):  # the same name: callers check it
         """plotly's FigureWidget with nbmon's front end (js/dashboard.js):
@@ -159,7 +215,7 @@ def _make_widget_class() -> type:
         _nbmon = traitlets.Dict().tag(sync=True)
 
         def __init__(self, figure=None, nbmon: dict | None = None):
-            self._nbmon_first = {"bundle": plotly.__version__, **(nbmon or {})}
+            self._nbmon_first = {"bundle": version, **(nbmon or {})}
             super().__init__(figure)
 
         @traitlets.default("_nbmon")
@@ -380,10 +436,9 @@ class LiveView:
             if self._shown_empty and self._samples():
                 self._counted(self.update_record)
             self._counted(self._build)
-        if self.widget is not None and not _bundle_pushed.is_set():
+        if self.widget is not None and _claim_bundle():
             # At once: JupyterLab handles a comm's messages only once its model
             # exists, and anywidget only once the front end's initialize() ran.
-            _bundle_pushed.set()
             self._counted(self.widget.send_bundle)
         period = 1.0 / self.refresh_hz
         seen_running = False

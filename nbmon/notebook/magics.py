@@ -213,6 +213,7 @@ class ResmonMagics(Magics):
         # sends it: there the record is shown once, and replaced at stop only.
         if getattr(self.shell, "kernel", None) is not None:
             dashboard.handle, dashboard.picture_handle = handle, picture
+        self._push_bundle()
         if made:
             warmed_up()   # %load_ext and %resmon in one cell: the run starts after nbmon's own imports
             monitor.start()
@@ -277,8 +278,17 @@ class ResmonMagics(Magics):
         view = ClusterView(watch, window_s=window, start=False)
         view.handle = display(view, display_id=True)
         view.picture_handle = display(view.picture(), display_id=True)   # the timeline: an output of its own
+        self._push_bundle()
         self.cluster_views.append(view)
         view.start()
+
+    def _push_bundle(self) -> None:
+        """In a kernel, plotly's bundle to the page now: it imports it (~1 s)
+        while the run starts and the chart is built."""
+        if getattr(self.shell, "kernel", None) is not None:
+            from .live import push_bundle
+
+            push_bundle()
 
     def _unwatch_cluster(self) -> None:
         left = nbmon_dask.unwatch()
