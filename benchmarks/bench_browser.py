@@ -295,8 +295,9 @@ def main() -> None:
                             for n in cell_counts:
                                 by_cells[variant][n].append(cells_run(browser, lab, n, args.idle))
                                 print(variant, n, "cells", by_cells[variant][n][-1], file=sys.stderr)
-                    for n in cell_counts:   # the page alone, once: what JupyterLab itself costs
-                        by_cells[PLAIN][n].append(cells_run(browser, lab, n, args.idle, nbmon=False))
+                        for n in cell_counts:   # the page alone: what JupyterLab itself costs
+                            by_cells[PLAIN][n].append(cells_run(browser, lab, n, args.idle, nbmon=False))
+                            print(PLAIN, n, "cells", by_cells[PLAIN][n][-1], file=sys.stderr)
                     if ages:
                         for variant, lab in labs.items():
                             by_age[variant] = age_run(browser, lab, ages, args.idle)
@@ -330,7 +331,7 @@ def main() -> None:
                   f"(until Chromium is under {QUIET_PCT:g} % of a core over {QUIET_WINDOW_S:g} s: it is busy "
                   f"itself after many cells), the dashboard scrolled back into view and settled again, "
                   f"{SETTLE_S:g} s more (JupyterLab's own work decays), then "
-                  f"{args.idle:g} s idle; {args.runs} run(s) each, and once the same notebook "
+                  f"{args.idle:g} s idle; {args.runs} run(s) each, also of the same notebook "
                   "without nbmon (the page alone).", "",
                   *table([(f"{v}, {n} cells", by_cells[v][n]) for n in cell_counts for v in [*variants, PLAIN]],
                          in_view), "",
