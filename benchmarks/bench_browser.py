@@ -30,10 +30,12 @@ A redraw is one of the dashboard's "nbmon-redraw" measures (User Timing: a
 paint of the canvas, a relayout of a y axis whose top moved, or where more
 changed a Plotly.react), or for a version without them one Plotly.react: its
 milliseconds are its synchronous part, median and 90th percentile; "frame
-ms" times the same redraws to the end of the frame that rendered them
-("nbmon-frame": the script, then the page's style, layout and paint, what
-holds its main thread); "Plotly.react / s" counts plotly's whole pipeline
-apart. Figures are medians (min–max) over runs. ``--out`` writes the tables into
+ms" times the same redraws to the end of their paint ("nbmon-frame": the
+worker's that paints the canvas, or where the page paints it, the frame
+that renders it: style, layout and paint of its main thread); "Plotly.react
+/ s" counts plotly's whole pipeline apart, and "Plotly.relayout / s" its
+relayouts (a y axis whose top moved, or the user's zoom: each a frame of
+the page's). Figures are medians (min–max) over runs. ``--out`` writes the tables into
 benchmarks/RESULTS.md (their own section). CPU figures need a quiet
 machine: the load average before and after is part of the text.
 """
@@ -135,7 +137,8 @@ def measure(page, seconds: float, pids: dict[str, list[int]]) -> dict:
                 "redraws / s": redraws["redraws_per_s"], "redraw ms, median": redraws["redraw_ms_median"],
                 "redraw ms, p90": redraws["redraw_ms_p90"],
                 "frame ms, median": frames["redraw_ms_median"], "frame ms, p90": frames["redraw_ms_p90"],
-                "Plotly.react / s": redraw_figures(page.evaluate("window.__nbmonReacts"), t0, t1)["redraws_per_s"]})
+                "Plotly.react / s": redraw_figures(page.evaluate("window.__nbmonReacts"), t0, t1)["redraws_per_s"],
+                "Plotly.relayout / s": redraw_figures(page.evaluate("window.__nbmonRelayouts"), t0, t1)["redraws_per_s"]})
     return out
 
 
@@ -311,7 +314,7 @@ def main() -> None:
             "two": "two dashboards on the page"}
     start_keys = list(next(iter(started.values()))["cold"][0])
     costs = ["Chromium CPU %", "redraws / s", "redraw ms, median", "redraw ms, p90", "frame ms, median",
-             "frame ms, p90", "Plotly.react / s"]
+             "frame ms, p90", "Plotly.react / s", "Plotly.relayout / s"]
     in_view = costs + ["dashboard in view", "settled s"]
     lines = [
         "## Live dashboard in the browser", "",

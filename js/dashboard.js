@@ -35,10 +35,13 @@
 //   * cell bands only inside the visible range, and neighbours closer than
 //     MERGE_PX merged into one band (bandGroups()), labelled where the label
 //     does not run into the next band's;
-//   * the lines, the cell bands and the x axes' grid and tick labels are
-//     painted on a canvas over the plot (paint()); plotly draws the rest (the
-//     y axes, legend, title, the kernel's marks) and holds one empty point per
-//     stream. Plotly's x axes never move while the window scrolls: a relayout
+//   * the lines, the cell bands, their labels, the x axes' grid and tick
+//     labels and the title are painted on a canvas over the plot (paint()),
+//     by a worker where the browser has OffscreenCanvas (Painter): a redraw
+//     then changes nothing in the page, and the page renders no frame for it
+//     (in a long notebook each frame of the page's costs the browser more:
+//     ~30 ms of CPU after 1,000 cells); plotly draws the rest (the y axes,
+//     legend, the kernel's marks) and holds one empty point per stream. Plotly's x axes never move while the window scrolls: a relayout
 //     of them (axes, then the whole plot measured and rastered) cost the page
 //     ~60 ms of CPU per redraw, where the paint costs ~1 ms; they are brought
 //     to the painted range only when the user presses a button on the chart
@@ -55,9 +58,7 @@
 //     that renders them, within DUTY of its main thread (redrawWait(): every
 //     2 s for one dashboard here, later for many or in a long notebook);
 //     bands keep the ends they were drawn with while those move by under half
-//     a pixel (steady()); the title, which changes with every frame,
-//     is set as text (plotly draws the same one every time: a new text is
-//     measured against the page); plotly is given the chart's width, so that
+//     a pixel (steady()); plotly is given the chart's width, so that
 //     it never measures the page (a layout of all of it) to draw, and every
 //     axis's range (ranges()), so that it computes none (a sixth of a redraw);
 //   * one observer, one theme watcher and one visibility listener per page,
@@ -74,16 +75,19 @@
 // works: render() below.
 //
 // What a view drew is on its element as __nbmonDrawn ({traces: [{meta, name,
-// x, y}], bands: [hover text], x: {range, bands: [[a, b]], ticks: [text]}}), and each redraw is two
-// User Timing measures: "nbmon-redraw" its script, "nbmon-frame" to the end of
-// the frame that renders it. The page's tests and benchmarks read them.
+// x, y}], bands: [hover text], x: {range, bands: [[a, b]], ticks: [text]},
+// labels and title: [{text, box: [x, y, w, h], color}]}), its canvas's pixels
+// from __nbmonPixels() (a promise: a worker's canvas is not the page's to
+// read), and each redraw is two User Timing measures: "nbmon-redraw" its
+// script, "nbmon-frame" to the end of its paint (the worker's, or the frame
+// that renders it). The page's tests and benchmarks read them.
 //
 // Built into nbmon/notebook/static/dashboard.js by js/build.mjs, which
 // inlines format.js.
 
 import { fmt } from "./format.js";
 
-const STYLE_ID = "nbmon-live-style-3";
+const STYLE_ID = "nbmon-live-style-4";
 const CSS = `
 .nbmon-live-record.nbmon-live-mounted > .nbmon-live-static { display: none; }
 .jp-OutputArea-child:has(.nbmon-live-record.nbmon-live-mounted) + .jp-OutputArea-child:has(.jp-RenderedImage) {
@@ -99,11 +103,6 @@ const CSS = `
 }
 .nbmon-live-view > .nbmon-hover > .nbmon-hover-head { font-weight: 600; }
 .nbmon-hover-swatch { display: inline-block; width: 10px; height: 3px; margin: 0 5px 3px 0; vertical-align: middle; }
-.nbmon-live-view > .nbmon-band-labels {
-  position: absolute; height: 14px; overflow: hidden; pointer-events: none;
-  font: 10px var(--jp-ui-font-family, system-ui, sans-serif);
-}
-.nbmon-band-labels > span { position: absolute; top: 0; white-space: nowrap; }
 .nbmon-live-view > .nbmon-hover-line { display: none; position: absolute; width: 1px; pointer-events: none; z-index: 1000; }
 .nbmon-live-record.nbmon-live-stale > .nbmon-live-view { filter: grayscale(1); opacity: 0.75; }  /* texts still read */
 .nbmon-live-note {
@@ -121,18 +120,21 @@ const BUCKET_PX = 2;            // a redraw's column width: its lowest and highe
 // moved, or where more changed a full Plotly.react (plotly's whole pipeline:
 // ~20-30 ms on a 2-core VM, a floor of the figure, not of its points). New
 // points wait until the page's redraws (all its dashboards), each to the end of
-// the frame that renders it (afterFrame()), have held its main thread at most
-// DUTY of the time, and between REDRAW_MIN_MS and REDRAW_MAX_MS (still live).
-// The floor is for what the main thread does not see: each paint costs the
-// browser another ~20-40 ms of raster and compositing here (more in a long
-// notebook); a 600 s window on ~800 px moves by ~1.3 px a second.
+// its paint (a worker's, or the frame that renders it: afterFrame()), have
+// taken at most DUTY of the time, and between REDRAW_MIN_MS and REDRAW_MAX_MS
+// (still live). The floor is for what no script sees: each paint costs the
+// browser's compositor a few ms more here; a 600 s window on ~800 px moves by
+// ~1.3 px a second.
 export const DUTY = 0.01;
 export const REDRAW_MIN_MS = 2000;
 export const REDRAW_MAX_MS = 5000;
 const REDRAWS_TIMED = 8;        // the median of the page's last redraws is what one costs
-const HEADROOM = 1.05;           // a y axis's top above its highest point (plotly's own autorange margin)
+const HEADROOM = 1.05;           // a y axis's top above its highest point (plotly's own autorange margin)...
+const TOP_STEPS = [1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10];   // ...rounded up to one of these times 10^n
 export const MERGE_PX = 6;      // bands closer than this merge, and none is drawn narrower than 1 px
 const LABEL_PX_PER_CHAR = 6.5;  // a band label's width at 10 px, to show only labels that fit
+const LABEL_FONT_PX = 10;       // a band label's font, in the UI's family
+const LABEL_BOX_PX = 14;        // ...in a strip this high along the plot's top edge
 const MIN_CONTRAST = 5.0;       // text against what is behind it (WCAG AA asks 4.5)
 const RUNNING_S = 1e6;          // a running cell's band: past any window's end, clipped by plotly
 export const X_TICK_PX = 80;    // plotly's spacing of x ticks: one per 80 px at most, 5 to 10 of them
@@ -193,6 +195,188 @@ function afterFrame(done) {
     done();
   };
   port2.postMessage(null);
+}
+
+// -- painting ----------------------------------------------------------------------
+// A view paints a scene (Live.paint()): plain data, in the canvas's pixels,
+// that paintScene() draws on a 2D context. Where the browser has
+// OffscreenCanvas it is drawn by a worker of the view's own, straight to the
+// compositor: the page's main thread then does no frame for a redraw (in a
+// 1,000-cell JupyterLab page a main-thread frame, even one that changes
+// only a canvas, costs the browser ~30 ms of CPU in commits, intersection
+// observers and hit tests; a worker's ~5 ms). Elsewhere it is drawn on the
+// page's thread.
+
+/**
+ * Draw ``scene`` on ``ctx``, the canvas sized to it: the filled rects, the
+ * grid lines, each line (its points as x, y pixel pairs, clipped to its
+ * subplot, filled down to ``base`` where it has a fill), then the texts
+ * (clipped where they have a clip). Self-contained: a worker runs its source.
+ */
+export function paintScene(ctx, scene) {
+  const { w, h, ratio } = scene, canvas = ctx.canvas;
+  if (canvas.width !== Math.round(w * ratio) || canvas.height !== Math.round(h * ratio)) {
+    canvas.width = Math.round(w * ratio);
+    canvas.height = Math.round(h * ratio);
+  }
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.clearRect(0, 0, w, h);
+  for (const [x, y, rw, rh, color] of scene.rects) {
+    ctx.fillStyle = color;
+    ctx.fillRect(x, y, rw, rh);
+  }
+  ctx.setLineDash([]);
+  for (const grid of scene.grids) {
+    ctx.beginPath();
+    for (const x of grid.xs) {
+      ctx.moveTo(x, grid.top);
+      ctx.lineTo(x, grid.bottom);
+    }
+    ctx.strokeStyle = grid.color;
+    ctx.lineWidth = grid.width;
+    ctx.stroke();
+  }
+  for (const line of scene.lines) {
+    const { xy } = line;
+    if (!xy.length) continue;
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(...line.clip);
+    ctx.clip();
+    ctx.beginPath();
+    ctx.moveTo(xy[0], xy[1]);
+    for (let i = 2; i < xy.length; i += 2) ctx.lineTo(xy[i], xy[i + 1]);
+    if (line.fill) {
+      ctx.save();
+      ctx.lineTo(xy[xy.length - 2], line.base);
+      ctx.lineTo(xy[0], line.base);
+      ctx.closePath();
+      ctx.fillStyle = line.fill;
+      ctx.fill();
+      ctx.restore();
+    }
+    if (line.width > 0) {
+      ctx.lineWidth = line.width;
+      ctx.lineJoin = "round";
+      ctx.strokeStyle = line.color;
+      ctx.setLineDash(line.dash);
+      ctx.stroke();
+    }
+    ctx.restore();
+  }
+  ctx.textBaseline = "top";
+  for (const text of scene.texts) {
+    ctx.save();
+    if (text.clip) {
+      ctx.beginPath();
+      ctx.rect(...text.clip);
+      ctx.clip();
+    }
+    ctx.font = text.font;
+    ctx.fillStyle = text.color;
+    ctx.textAlign = text.align || "left";
+    ctx.fillText(text.text, text.x, text.y);
+    ctx.restore();
+  }
+}
+
+// The worker: a scene in, painted, and its id back; or the canvas's pixels on request.
+const PAINTER_SOURCE = `const paintScene = ${paintScene};
+let ctx;
+onmessage = ({ data }) => {
+  if (data.canvas) ctx = data.canvas.getContext("2d");
+  if (data.scene) paintScene(ctx, data.scene);
+  if (data.pixels) {
+    const { width, height } = ctx.canvas;
+    const pixels = ctx.getImageData(0, 0, width, height).data;
+    postMessage({ id: data.id, width, height, pixels }, [pixels.buffer]);
+  } else if (data.id) postMessage({ id: data.id });
+};`;
+
+/**
+ * A view's canvas over its plot, and what paints it: a worker where the
+ * browser can hand it one, else the page's thread. At most one scene waits
+ * while one is painted (the newest: a pan asks at every step).
+ */
+class Painter {
+  constructor(root) {
+    this.root = root;
+    this.canvas = Object.assign(document.createElement("canvas"), { className: "nbmon-lines" });
+    this.size = "";
+    this.calls = new Map();   // id -> what to call when the worker answers
+    this.ids = 0;
+    this.busy = false;
+    this.next = null;         // {scene, done: [callbacks]} waiting for the worker
+    if (typeof OffscreenCanvas === "function" && this.canvas.transferControlToOffscreen) {
+      try {
+        this.url = URL.createObjectURL(new Blob([PAINTER_SOURCE], { type: "text/javascript" }));
+        this.worker = new Worker(this.url);
+        const offscreen = this.canvas.transferControlToOffscreen();
+        this.worker.postMessage({ canvas: offscreen }, [offscreen]);
+        this.worker.onmessage = ({ data }) => {
+          const call = this.calls.get(data.id);
+          this.calls.delete(data.id);
+          call?.(data);
+        };
+      } catch {   // a page whose policy forbids workers from blob: URLs
+        this.worker?.terminate();
+        this.worker = null;
+        URL.revokeObjectURL(this.url);
+      }
+    }
+    if (!this.worker) this.ctx = this.canvas.getContext("2d");
+  }
+
+  /** Paint ``scene``; ``done`` (optional) once it is on screen. */
+  paint(scene, done) {
+    if (this.canvas.parentNode !== this.root) this.root.appendChild(this.canvas);
+    const size = `${scene.w}x${scene.h}`;
+    if (size !== this.size) {   // the only change to the page: a new size
+      this.size = size;
+      Object.assign(this.canvas.style, { width: `${scene.w}px`, height: `${scene.h}px` });
+    }
+    if (!this.worker) {
+      paintScene(this.ctx, scene);
+      if (done) requestAnimationFrame(() => afterFrame(done));
+      return;
+    }
+    const waiting = this.next?.done || [];
+    this.next = { scene, done: done ? [...waiting, done] : waiting };
+    if (!this.busy) this.send();
+  }
+
+  send() {
+    const { scene, done } = this.next;
+    this.next = null;
+    this.busy = true;
+    const id = ++this.ids;
+    this.calls.set(id, () => {
+      this.busy = false;
+      for (const call of done) call();
+      if (this.next) this.send();
+    });
+    this.worker.postMessage({ scene, id }, scene.lines.map((line) => line.xy.buffer));
+  }
+
+  /** What is on the canvas now: {width, height, pixels} (RGBA, unpremultiplied). */
+  pixels() {
+    if (!this.worker) {
+      const { width, height } = this.canvas;
+      return Promise.resolve({ width, height, pixels: this.ctx.getImageData(0, 0, width, height).data });
+    }
+    return new Promise((resolve) => {
+      const id = ++this.ids;
+      this.calls.set(id, resolve);
+      this.worker.postMessage({ pixels: true, id });
+    });
+  }
+
+  remove() {
+    this.worker?.terminate();
+    if (this.url) URL.revokeObjectURL(this.url);
+    this.calls.clear();
+    this.canvas.remove();
+  }
 }
 
 function timedRedraw(ms) {
@@ -572,10 +756,12 @@ function background(el) {
 const BAND_FILL = [128, 128, 128, 0.1];
 
 function themeOf(el) {
+  const style = getComputedStyle(el);
   const bg = background(el);
-  const fg = over(parseColor(getComputedStyle(el).color) || [34, 34, 34, 1], bg);
+  const fg = over(parseColor(style.color) || [34, 34, 34, 1], bg);
   const band = over(BAND_FILL, bg);
-  return { bg: css(bg), fg: css(fg), band: css(muted(fg, band)), grid: css(over([128, 128, 128, 0.5], bg)) };
+  return { bg: css(bg), fg: css(fg), band: css(muted(fg, band)), grid: css(over([128, 128, 128, 0.5], bg)),
+    font: style.getPropertyValue("--jp-ui-font-family").trim() || "system-ui, sans-serif" };
 }
 
 // -- the live model -------------------------------------------------------------
@@ -779,15 +965,14 @@ class Live {
     document.removeEventListener("plotlywidget-after-render", view.rendered);
     view.io.disconnect();
     view.ro.disconnect();
-    cancelAnimationFrame(view.frame);
+    clearTimeout(view.frame);
     cancelAnimationFrame(view.hoverFrame);
     for (const type of ["mousemove", "mousedown", "mouseleave"]) view.root.removeEventListener(type, view.onPointer);
     view.root.removeEventListener("pointerdown", view.onPress, true);
     window.removeEventListener("pointerup", view.onRelease, true);
     view.tip.remove();
     view.cursor.remove();
-    view.canvas?.remove();
-    view.labelBox?.remove();
+    view.painter?.remove();
     clearTimeout(view.timer);
     view.remove();
     if (view.record) view.root.remove();
@@ -835,9 +1020,11 @@ class Live {
   }
 
   /**
-   * Draw at the next animation frame (none while the tab is hidden), once
-   * however often asked; new points once redrawWait() has passed (``now``: what the
-   * user did, the size, the theme: at once).
+   * Draw in a task of its own (none while the tab is hidden: draw()), once
+   * however often asked, not at an animation frame: asking for one is a
+   * frame of the page's to render, which a worker's paint does not need;
+   * new points once redrawWait() has passed (``now``: what the user did,
+   * the size, the theme: at once).
    */
   schedule(view, now = false) {
     if (!view.ready || this.disposed) return;
@@ -849,7 +1036,7 @@ class Live {
       }, wait);
       return;
     }
-    view.frame ||= requestAnimationFrame(() => {
+    view.frame ||= setTimeout(() => {
       view.frame = 0;
       this.draw(view);
     });
@@ -923,11 +1110,8 @@ class Live {
     }
     const sig = signature(axes, top, points, groups, range, px, full,
       [JSON.stringify(view.theme), JSON.stringify(view.yzoom), this.edits, view.width, full?.height,
-        full?.legend?._height, this.events.size]);
-    if (view.sig === sig) {
-      this.setTitle(view);
-      return;
-    }
+        full?.legend?._height, this.events.size, this.title]);
+    if (view.sig === sig) return;
     view.sig = sig;
     view.drawn = { ...range, px };
     view.drawnAt = performance.now();
@@ -948,18 +1132,15 @@ class Live {
       view.plotted = frame;
       // The room above the plot was the legend's last height: a new width may wrap it onto more lines.
       if (legendHeight(view.root._fullLayout) !== view.legendPx) this.schedule(view, true);
-      view.title = null;   // plotly drew view.plotTitle
     }
     view.ranges = shown;
-    this.paint(view, own);
-    measure("nbmon-redraw", began);
     const timed = view.timed;
     view.timed = true;   // not its first: that one builds the plot
-    afterFrame(() => {
+    this.paint(view, own, () => {
       const ms = measure("nbmon-frame", began);
       if (timed) timedRedraw(ms);
     });
-    this.setTitle(view);
+    measure("nbmon-redraw", began);
   }
 
   /**
@@ -986,27 +1167,26 @@ class Live {
   }
 
   /**
-   * The lines, on a canvas over the plot: the streams' points as decimated,
-   * styled as plotly styles their traces (colour, width, dash, fill to
-   * zero), each clipped to its subplot, at the ranges plotly's axes show now
-   * (also while the user pans). With the user's event callbacks plotly
-   * draws them itself, and the canvas is empty.
+   * What the view shows over plotly's axes, painted on its canvas (a Painter)
+   * as one scene: where the view paints its x axes (``own``) the cell bands,
+   * the grid and the tick labels; the lines, the streams' points as
+   * decimated, styled as plotly styles their traces (colour, width, dash,
+   * fill to zero), each clipped to its subplot, at the ranges plotly's axes
+   * show now (also while the user pans); the bands' labels and the title
+   * (text that changes every frame: never a change to the page). With the
+   * user's event callbacks plotly draws the lines, bands and x axes itself.
+   * ``done`` once the scene is on screen.
    */
-  paint(view, own = !this.events.size) {
+  paint(view, own = !this.events.size, done = undefined) {
     const root = view.root, full = root._fullLayout, traces = root._fullData;
     if (!full || !view.points) return;
-    const canvas = (view.canvas ??= Object.assign(document.createElement("canvas"), { className: "nbmon-lines" }));
-    if (canvas.parentNode !== root) root.appendChild(canvas);
-    const ratio = window.devicePixelRatio || 1;
-    const [w, h] = [full.width, full.height];
-    if (canvas.width !== Math.round(w * ratio) || canvas.height !== Math.round(h * ratio)) {
-      Object.assign(canvas, { width: Math.round(w * ratio), height: Math.round(h * ratio) });
-      Object.assign(canvas.style, { width: `${w}px`, height: `${h}px` });
+    if (!view.painter) {
+      view.painter = new Painter(root);
+      root.__nbmonPixels = () => view.painter.pixels();   // what is on the canvas, for the page's tests
     }
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-    ctx.clearRect(0, 0, w, h);
-    const x = own ? this.paintX(ctx, view, full) : null;
+    const scene = { w: full.width, h: full.height, ratio: window.devicePixelRatio || 1, rects: [], grids: [],
+      lines: [], texts: [] };
+    const x = own ? this.paintX(scene, view, full) : null;
     const drawn = [];
     view.series.forEach((s, k) => {
       const trace = traces[view.traceOf[k]];
@@ -1015,53 +1195,33 @@ class Live {
       if (!own || !trace || trace.visible !== true || !x.length) return;
       const xa = full[axisKey(trace.xaxis)], ya = full[axisKey(trace.yaxis)];
       const X = this.xScale(view, xa), Y = scale(ya, true);
-      ctx.save();
-      ctx.beginPath();
-      ctx.rect(xa._offset, ya._offset, xa._length, ya._length);
-      ctx.clip();
-      ctx.beginPath();
-      let first = NaN, last = NaN;
+      const xy = new Float32Array(2 * x.length);
+      let n = 0;
       for (let i = 0; i < x.length; i++) {
         if (Number.isNaN(y[i])) continue;   // connectgaps
-        const [px, py] = [X(x[i]), Y(y[i])];
-        if (Number.isNaN(first)) {
-          ctx.moveTo(px, py);
-          first = px;
-        } else ctx.lineTo(px, py);
-        last = px;
-      }
-      if (trace.fill === "tozeroy" && !Number.isNaN(first)) {
-        ctx.save();
-        ctx.lineTo(last, Y(0));
-        ctx.lineTo(first, Y(0));
-        ctx.closePath();
-        ctx.fillStyle = trace.fillcolor;
-        ctx.fill();
-        ctx.restore();
+        xy[n++] = X(x[i]);
+        xy[n++] = Y(y[i]);
       }
       const width = trace.line?.width ?? 2;
-      if (width > 0) {
-        ctx.lineWidth = width;
-        ctx.lineJoin = "round";
-        ctx.strokeStyle = trace.line.color;
-        ctx.setLineDash((DASHES[trace.line.dash] || []).map((d) => d * width));
-        ctx.stroke();
-      }
-      ctx.restore();
+      scene.lines.push({ clip: [xa._offset, ya._offset, xa._length, ya._length], xy: xy.subarray(0, n),
+        fill: trace.fill === "tozeroy" ? trace.fillcolor : null, base: Y(0), width, color: trace.line?.color,
+        dash: (DASHES[trace.line?.dash] || []).map((d) => d * width) });
     });
-    this.label(view);
+    const labels = this.label(view, scene);
+    const title = this.paintTitle(view, scene, full);
     // What the view draws, for the page's tests and benchmarks.
-    root.__nbmonDrawn = { traces: drawn, bands: view.groups.map((g) => describe(g).hover), x };
+    root.__nbmonDrawn = { traces: drawn, bands: view.groups.map((g) => describe(g).hover), x, labels, title };
+    view.painter.paint(scene, done);
     if (view.tip?.style.display === "block") this.hover(view);
   }
 
   /**
-   * The x axes as plotly draws them, at the range the chart shows: in each
-   * subplot the cell bands and the grid lines, and tick labels under the
-   * axes that show them (styled as the y axes: one template). What it drew:
-   * {range, bands: [[a, b]], ticks: [text]}.
+   * The x axes as plotly draws them, at the range the chart shows, into
+   * ``scene``: in each subplot the cell bands and the grid lines, and tick
+   * labels under the axes that show them (styled as the y axes: one
+   * template). What it drew: {range, bands: [[a, b]], ticks: [text]}.
    */
-  paintX(ctx, view, full) {
+  paintX(scene, view, full) {
     const range = this.xRange(view);
     const { tickfont: font = {}, gridcolor = "rgba(128, 128, 128, 0.25)", gridwidth = 1 } = full.yaxis;
     const ticks = [];
@@ -1070,29 +1230,20 @@ class Live {
       if (!ya?._length) continue;
       const X = this.xScale(view, xa);
       const [left, right, top, bottom] = [xa._offset, xa._offset + xa._length, ya._offset, ya._offset + ya._length];
-      ctx.fillStyle = `rgba(${BAND_FILL.join(", ")})`;
       for (const g of view.groups) {
         const a = Math.max(left, X(g.a)), b = Math.min(right, X(g.b));
-        if (b > a) ctx.fillRect(a, top, b - a, bottom - top);
+        if (b > a) scene.rects.push([a, top, b - a, bottom - top, `rgba(${BAND_FILL.join(", ")})`]);
       }
       const { values, step } = xTicks(range[0], range[1], xa._length);
       if (shown.showgrid !== false && gridwidth > 0) {
-        ctx.beginPath();
-        for (const v of values) {
-          const px = Math.round(X(v)) + 0.5;   // a 1 px line on a pixel, not across two
-          ctx.moveTo(px, top);
-          ctx.lineTo(px, bottom);
-        }
-        Object.assign(ctx, { strokeStyle: gridcolor, lineWidth: gridwidth });
-        ctx.setLineDash([]);
-        ctx.stroke();
+        // a 1 px line on a pixel, not across two
+        scene.grids.push({ xs: values.map((v) => Math.round(X(v)) + 0.5), top, bottom, color: gridcolor, width: gridwidth });
       }
       if (shown.showticklabels === false) continue;
-      Object.assign(ctx, { font: `${font.size || 12}px ${font.family || "sans-serif"}`, fillStyle: font.color || "#444",
-        textAlign: "center", textBaseline: "top" });
       for (const v of values) {
         const text = tickText(v, step, values);
-        ctx.fillText(text, X(v), bottom + TICK_PAD_PX);
+        scene.texts.push({ text, x: X(v), y: bottom + TICK_PAD_PX, font: `${font.size || 12}px ${font.family || "sans-serif"}`,
+          color: font.color || "#444", align: "center" });
         ticks.push(text);
       }
     }
@@ -1102,23 +1253,29 @@ class Live {
   /**
    * The bands' labels, over the plot's top edge at each band's start, or at
    * the plot's left edge for one that began before it (a long cell, still
-   * named): moved at every paint, never a plotly redraw.
+   * named), clipped to the plot's width. What it drew: [{text, box: [x, y, w, h], color}].
    */
-  label(view) {
+  label(view, scene) {
     const full = view.root._fullLayout;
-    const box = (view.labelBox ??= Object.assign(document.createElement("div"), { className: "nbmon-band-labels" }));
-    if (box.parentNode !== view.root) view.root.append(box);
     const { l, t, w } = full._size;
-    Object.assign(box.style, { left: `${l}px`, top: `${t + 1}px`, width: `${w}px`, color: view.theme?.band || "" });
     const X = this.xScale(view, full.xaxis);
-    const texts = view.labels.map(({ t: at, text }) => [Math.max(0, X(at) - l), text]);
-    while (box.children.length > texts.length) box.lastChild.remove();
-    while (box.children.length < texts.length) box.append(document.createElement("span"));
-    texts.forEach(([left, text], k) => {
-      const span = box.children[k];
-      if (span.textContent !== text) span.textContent = text;
-      span.style.left = `${left + 2}px`;
+    const font = `${LABEL_FONT_PX}px ${view.theme?.font || "sans-serif"}`;
+    return view.labels.map(({ t: at, text }) => {
+      const box = [l + Math.max(0, X(at) - l) + 2, t + 2, textWidth(text, font), LABEL_FONT_PX];
+      const color = view.theme?.band || "#555";
+      scene.texts.push({ text, x: box[0], y: box[1], font, color, clip: [l, t, w, LABEL_BOX_PX] });
+      return { text, box, color };
     });
+  }
+
+  /** The title where plotly would put it ({text, box: [x, y, w, h], color}, as drawn). */
+  paintTitle(view, scene, full) {
+    const text = this.title ?? this.model.get("_widget_layout")?.title?.text ?? "";
+    const { family = "sans-serif", size = 14, color = view.theme?.fg || "#444" } = full.title?.font || {};
+    const font = `${size}px ${family}`;
+    const box = [(full.title?.x ?? 0.01) * full.width, (1 - (full.title?.y ?? 1)) * full.height, textWidth(text, font), size];
+    scene.texts.push({ text, x: box[0], y: box[1], font, color });
+    return { text, box, color };
   }
 
   /** The values at the pointer, in a box of our own (plotly's hover needs its traces' points). */
@@ -1165,14 +1322,6 @@ class Live {
     Object.assign(tip.style, { left: `${left}px`, top: `${t + 4}px` });
     Object.assign(view.cursor.style, { display: "block", left: `${px}px`, top: `${t}px`, height: `${h}px`,
       background: theme.grid });
-  }
-
-  /** The title is text that changes every frame: set it as such between redraws. */
-  setTitle(view) {
-    if (this.title == null || view.title === this.title) return;
-    const node = view.root.querySelector(".gtitle");
-    if (node) node.textContent = this.title;
-    view.title = this.title;
   }
 
   /**
@@ -1260,9 +1409,10 @@ class Live {
     };
   }
 
-  /** The figure for the download button: plotly draws all of it, its x axes and the bands too. */
+  /** The figure for the download button: plotly draws all of it, the title, its x axes and the bands too. */
   imageLayout(view) {
     const layout = { ...view.root.layout, hovermode: false };
+    layout.title = { ...layout.title, text: view.root.__nbmonDrawn?.title.text ?? "" };
     if (this.events.size) return layout;
     const range = this.xRange(view);
     for (const [key, axis] of Object.entries(view.xaxes || {})) layout[key] = { ...axis, range: [...range] };
@@ -1286,7 +1436,7 @@ class Live {
     const height = (stored.height || 400) + Math.max(0, t - (stored.margin?.t || 0));
     return {
       margin, height,
-      title: { ...(stored.title || {}), text: (view.plotTitle ??= title), yref: "container", yanchor: "top",
+      title: { ...(stored.title || {}), text: "", yref: "container", yanchor: "top",
         y: 1 - ((lines - 1) * TITLE_PX + 4) / height },
       legend: { ...(stored.legend || {}), y: 1.0, yanchor: "bottom" },
     };
@@ -1318,6 +1468,19 @@ function textWidth(text, font) {
   canvas ??= document.createElement("canvas").getContext("2d");
   canvas.font = font;
   return canvas.measureText(text).width;
+}
+
+/**
+ * A y axis's top for its highest point ``hi``: HEADROOM above it, rounded up
+ * to TOP_STEPS (the point at 76-95 % of the axis), so that the axis moves
+ * only when a peak crosses a step, not at every new high (each move is a
+ * relayout, a frame of the page's to render); 0 for none.
+ */
+export function axisTop(hi) {
+  const want = hi * HEADROOM;
+  if (!(want > 0)) return 0;
+  const unit = 10 ** Math.floor(Math.log10(want));
+  return unit * TOP_STEPS.find((step) => step * unit >= want * (1 - 1e-12));
 }
 
 /** The highest point drawn on each axis (``axes[k]``: trace k's, "y2"), 0 where none is. */
@@ -1411,7 +1574,7 @@ function line(text, className = "") {
 
 /**
  * Every axis's range as drawn (the kernel's axes are all "tozero"): the x
- * axes ``range``, the streams' y axes from 0 to HEADROOM times their
+ * axes ``range``, the streams' y axes from 0 to axisTop() of their
  * ``top``, or the user's zoom of them; an axis the kernel
  * gave a range keeps it. Each axis a copy (plotly writes its ranges into
  * the layout it draws, which must not be the model's), with ``revision``,
@@ -1426,7 +1589,7 @@ export function ranges(stored, range, top, zoom = {}, revision = 0) {
   for (const [axis, hi] of top) {
     const key = axis.replace("y", "yaxis");
     const given = stored[key]?.range;
-    set(key, zoom[key] ?? (given && !stored[key].autorange ? given : [0, hi * HEADROOM || 1]));
+    set(key, zoom[key] ?? (given && !stored[key].autorange ? given : [0, axisTop(hi) || 1]));
   }
   return out;
 }
@@ -1443,7 +1606,7 @@ export function signature(axes, top, points, groups, range, px, full, more = [])
   const parts = [px, ...more];
   points.forEach(({ x, y }, k) => {
     const height = full?.[axes[k].replace("y", "yaxis")]?._length || 150;
-    const yscale = height / (top.get(axes[k]) * HEADROOM || 1);
+    const yscale = height / (axisTop(top.get(axes[k])) || 1);
     const cells = new Int32Array(2 * x.length);
     for (let i = 0; i < x.length; i++) {
       cells[2 * i] = Math.round((x[i] - range.x0) * scale);

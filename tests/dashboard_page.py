@@ -21,6 +21,7 @@ INIT_SCRIPT = r"""(() => {
   const measured = [], reacts = [], rendered = (window.__nbmonRedrawFrames = []);
   Object.defineProperty(window, "__nbmonRedraws", { get: () => (measured.length ? measured : reacts) });
   window.__nbmonReacts = reacts;
+  const relayouts = (window.__nbmonRelayouts = []);   // plotly's relayouts: a y axis's top moved
   const kept = { "nbmon-redraw": measured, "nbmon-frame": rendered };
   new PerformanceObserver((list) => {
     for (const e of list.getEntries()) kept[e.name]?.push({ t: e.startTime, ms: e.duration });
@@ -29,13 +30,15 @@ INIT_SCRIPT = r"""(() => {
   Object.defineProperty(window, "Plotly", { configurable: true, get: () => plotly, set(value) {
     plotly = value;
     if (!value || !value.react || value.react.__nbmonTimed) return;
-    const react = value.react;
-    value.react = function (...args) {
-      const t = performance.now();
-      const out = react.apply(this, args);
-      reacts.push({ t, ms: performance.now() - t });
-      return out;
-    };
+    for (const [name, kept] of [["react", reacts], ["relayout", relayouts]]) {
+      const original = value[name];
+      value[name] = function (...args) {
+        const t = performance.now();
+        const out = original.apply(this, args);
+        kept.push({ t, ms: performance.now() - t });
+        return out;
+      };
+    }
     value.react.__nbmonTimed = true;
   } });
   const decoder = new TextDecoder();
@@ -113,7 +116,8 @@ COLORS = r"""
 """
 
 # Contrast of the chart's texts against what is behind them: the hover box's
-# text against its box, the cell bands' labels against the band over the page.
+# text against its box, the cell bands' labels (painted on the canvas in the
+# colour they report) against the band over the page.
 CONTRASTS = "(plot) => {" + COLORS + r"""
   const page = backdrop(plot);
   const fill = (el) => { const s = getComputedStyle(el); return over([...rgb(s.fill).slice(0, 3), +s.fillOpacity], page); };
@@ -122,7 +126,7 @@ CONTRASTS = "(plot) => {" + COLORS + r"""
   const boxFill = shown && over(rgb(getComputedStyle(box).backgroundColor), page);
   const hover = shown ? [contrast(over(rgb(getComputedStyle(box).color), boxFill), boxFill)] : [];
   const band = over([128, 128, 128, 0.1], page);
-  const labels = [...plot.querySelectorAll(".nbmon-band-labels > span")].map((t) => contrast(over(rgb(getComputedStyle(t).color), page), band));
+  const labels = (plot.__nbmonDrawn?.labels || []).map((l) => contrast(over(rgb(l.color), page), band));
   return { hover, labels };
 }"""
 

@@ -112,13 +112,13 @@ class Page:
 
     def chart(self):
         """The live chart: what plotly drew, read from the page."""
-        return self.page.evaluate("""() => {
+        return self.page.evaluate("""async () => {
             const plot = document.querySelector('.nbmon-live-record .js-plotly-plot');
             if (!plot || !plot._fullLayout || !plot.__nbmonDrawn) return null;
             const drawn = plot.__nbmonDrawn.traces;
-            // The canvas's pixels in each kernel trace's own colour: the lines as painted.
-            const canvas = plot.querySelector('canvas.nbmon-lines');
-            const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+            // The canvas's pixels (painted by a worker: it sends them) in each kernel trace's own
+            // colour: the lines as painted.
+            const canvas = await plot.__nbmonPixels(), pixels = canvas.pixels;
             const hex = (c) => (c.match(/^#(..)(..)(..)$/) || []).slice(1).map(h => parseInt(h, 16));
             const inked = Object.fromEntries(plot._fullData.filter(t => /^proc_/.test(t.meta)).map(t => {
                 const [r, g, b] = hex(t.line.color);
@@ -129,21 +129,31 @@ class Page:
                 }
                 return [t.meta, n];
             }));
-            // Ink on the canvas in the strip under the bottom plot: the painted x tick labels.
+            // Ink on the canvas in a box of the chart's pixels: under the bottom plot (the painted
+            // x tick labels), in a band label's box or the title's (texts painted, not only reported).
             const full = plot._fullLayout, ratio = canvas.width / full.width;
+            const ink = ([x, y, w, h], color = null) => {
+                const [cr, cg, cb] = color ? color.match(/\\d+/g).map(Number) : [];
+                let n = 0;
+                for (let r = Math.max(0, Math.floor(y * ratio)); r < Math.min(canvas.height, (y + h) * ratio); r++)
+                    for (let c = Math.max(0, Math.floor(x * ratio)); c < Math.min(canvas.width, (x + w) * ratio); c++) {
+                        const i = 4 * (r * canvas.width + c);
+                        if (pixels[i + 3] > 128 && (!color || Math.abs(pixels[i] - cr) + Math.abs(pixels[i + 1] - cg)
+                                                     + Math.abs(pixels[i + 2] - cb) < 60)) n += 1;
+                    }
+                return n;
+            };
             const bottom = PLOT_BOTTOM;
-            const strip = canvas.getContext('2d').getImageData(0, Math.ceil((bottom + 2) * ratio),
-                canvas.width, Math.ceil(14 * ratio)).data;
-            let tickInk = 0;
-            for (let i = 3; i < strip.length; i += 4) if (strip[i] > 128) tickInk += 1;
+            const tickInk = ink([0, bottom + 2, full.width, 14]);
+            const {labels, title} = plot.__nbmonDrawn;
             return {points: Object.fromEntries(drawn.map(t => [t.meta, t.y.length])), inked,
                     reacts: window.__nbmonReacts.length, redraws: window.__nbmonRedraws.length,
                     rendered: window.__nbmonRedraws.map(
                         r => (window.__nbmonRedrawFrames.find(f => f.t === r.t)?.ms ?? NaN) - r.ms),
-                    names: plot.data.map(t => t.name), title: plot._fullLayout.title.text,
+                    names: plot.data.map(t => t.name), title: ink(title.box, title.color) > 20 ? title.text : null,
                     font: plot._fullLayout.font.color, width: plot._fullLayout.width,
                     room: plot.closest('.nbmon-live-record').clientWidth,
-                    cells: [...plot.querySelectorAll('.nbmon-band-labels > span')].map(s => s.textContent),
+                    cells: labels.filter(l => ink(l.box, l.color) > 5).map(l => l.text),
                     hover: plot.__nbmonDrawn.bands,
                     bands: plot.__nbmonDrawn.x.bands, ticks: plot.__nbmonDrawn.x.ticks, tickInk,
                     last: Math.max(...drawn.map(t => t.x[t.x.length - 1] ?? -1)),
@@ -271,8 +281,10 @@ def test_lab_dashboard_is_quick_one_way_and_survives_the_kernel(lab, browser):
         assert "[3]" in chart["cells"] and "[4]" in chart["cells"]
         assert any("labelled" in h for h in chart["hover"]) and all(re.search(r"\d s$", h) for h in chart["hover"])
         assert chart["width"] >= chart["room"] - 2 > 600  # responsive: as wide as the output area
-        # the lines are painted, each in its trace's colour (a 2 px line over hundreds of pixels)
-        assert min(chart["inked"].values()) > 300, chart["inked"]
+        # the lines are painted, each in its trace's colour (a 2 px line over hundreds of pixels,
+        # once the run is long enough for CPU %, from its second sample, to span the plot)
+        chart = wait_for(lambda: (c := page.chart()) and min(c["inked"].values()) > 300 and c, 30,
+                         "the lines painted over hundreds of pixels")
         assert re.fullmatch(r"CPU \d.* · Memory \d.* (MiB|GiB)", chart["title"]), chart["title"]
         page.shot("dashboard-light.png")
 
@@ -390,9 +402,26 @@ def test_the_window_holds_and_hover_zoom_or_resize_send_nothing(lab, browser):
         assert chart["tickInk"] > 100 and 3 <= len(chart["ticks"]) <= 11, chart["ticks"]
         assert all(x0 - 0.01 <= float(t) <= x1 + 0.01 for t in chart["ticks"]), (chart["ticks"], chart["xrange"])
         # a full window scrolls: its redraws paint, and move neither plotly's x axes (the
-        # costly relayout) nor run its whole pipeline (Plotly.react: one where the legend wraps)
+        # costly relayout) nor run its whole pipeline (Plotly.react: one where the legend wraps);
+        # they change nothing in the page (no frame of the page's to render: the band labels and
+        # the title are painted too), and the canvas is painted off the page's thread (a worker's)
+        page.page.evaluate("""() => {
+            const view = document.querySelector('.nbmon-live-record .nbmon-live-view');
+            window.__nbmonMutated = [];
+            // plotly's own parts are not nbmon's (a y axis's relayout, the react counted above;
+            // what it replaced is no longer in the page)
+            const ours = (node) => node.isConnected && node !== view
+                && (!node.closest('.svg-container') || node.closest('.gtitle'));
+            new MutationObserver((records) => window.__nbmonMutated.push(...records
+                .filter(r => ours(r.target.nodeType === 1 ? r.target : r.target.parentElement))
+                .map(r => `${r.type} ${r.target.className?.baseVal ?? r.target.className}`)))
+                .observe(view, {subtree: true, childList: true, attributes: true, characterData: true});
+        }""")
         page.page.wait_for_timeout(10_000)
         later = page.chart()
+        assert page.page.evaluate("window.__nbmonMutated") == [], page.page.evaluate("window.__nbmonMutated")
+        with pytest.raises(Exception, match="transferred|InvalidStateError"):
+            page.page.evaluate("document.querySelector('.nbmon-live-record canvas.nbmon-lines').getContext('2d')")
         assert later["redraws"] - chart["redraws"] >= 2, (chart["redraws"], later["redraws"])
         assert later["reacts"] - chart["reacts"] <= 1, (chart["reacts"], later["reacts"])
         assert later["xrange"][0] > x0 + 5 and later["ticks"] != chart["ticks"], (chart["xrange"], later["xrange"])
@@ -455,7 +484,11 @@ def test_the_window_holds_and_hover_zoom_or_resize_send_nothing(lab, browser):
         page.page.wait_for_timeout(1500)
         page.hover(1.0)   # the toolbar shows while the mouse is over the chart
         plot = page.page.locator(".nbmon-live-record .js-plotly-plot").first
-        title = plot.locator(".gtitle").bounding_box()
+        assert page.chart()["title"], "the title is painted"
+        title = plot.evaluate("""(plot) => {
+            const [x, y, width, height] = plot.__nbmonDrawn.title.box, at = plot.getBoundingClientRect();
+            return {x: at.x + x, y: at.y + y, width, height};
+        }""")
         legend = plot.locator(".infolayer .legend").first.bounding_box()
         toolbar = plot.locator(".modebar").first.bounding_box()
         assert not boxes_meet(title, legend), (title, legend)

@@ -74,7 +74,7 @@ def test_the_cluster_chart_grows_and_stop_leaves_its_record(lab, chromium_path):
             page.screenshot(path=str(ARTIFACTS / "browser-dask-running.png"))
             plot = page.evaluate("() => { const p = document.querySelectorAll('.jp-Notebook .jp-Cell')[1]"
                                  ".querySelector('.js-plotly-plot');"
-                                 " return {title: p.layout.title.text, names: p.data.map(t => t.name)}; }")
+                                 " return {title: p.__nbmonDrawn.title.text, names: p.data.map(t => t.name)}; }")
             assert re.match(r"Dask cluster · 2 workers · CPU \d", plot["title"]), plot
             assert {"0", "1", "cluster total"} <= set(plot["names"]), plot   # a trace per worker, by name
         finally:

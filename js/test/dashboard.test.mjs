@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 
 import {
   DUTY, MAX_HELD, MERGE_PX, REDRAW_MAX_MS, REDRAW_MIN_MS, Series, bandGroups, contrast, decimate, describe, muted, over, parseColor, ranges, signature,
-  X_TICK_PX, axisRanges, frameKey, nearest, redrawWait, steady, tickText, tops, typed, userRanges, xTicks,
+  X_TICK_PX, axisRanges, axisTop, frameKey, nearest, paintScene, redrawWait, steady, tickText, tops, typed, userRanges, xTicks,
 } from "../dashboard.js";
 
 function series(ys, step = 0.1, capacity = MAX_HELD) {
@@ -104,7 +104,23 @@ test("the signature changes when a point moves a pixel, not before", () => {
   assert.notEqual(sign(), first);
 });
 
-test("every range is given: the window, 5 % above each axis's top, the kernel's own, the user's zoom", () => {
+test("a y axis's top: 5 % above its highest point, rounded up to a step, moving only when a peak crosses one", () => {
+  assert.equal(axisTop(7), 8);
+  assert.equal(axisTop(100), 120);
+  assert.equal(axisTop(0.3), 0.4);
+  assert.equal(axisTop(9.5), 10);
+  assert.equal(axisTop(0), 0);
+  assert.equal(axisTop(NaN), 0);
+  for (const hi of [0.013, 0.9, 3.3, 47, 99, 151, 7321, 2.5e6]) {
+    const top = axisTop(hi);
+    assert.ok(top >= hi * 1.05 && hi >= 0.75 * top, `${hi} -> ${top}`);   // the point at 75-95 % of the axis
+  }
+  // a noisy idle CPU: new highs under a step leave the axis where it was
+  const drawn = new Set([2.1, 2.2, 2.35, 2.38].map(axisTop));
+  assert.deepEqual([...drawn], [2.5]);
+});
+
+test("every range is given: the window, each axis's top, the kernel's own, the user's zoom", () => {
   const stored = {
     xaxis: { matches: "x2" }, xaxis2: {}, yaxis: { range: [0, 100] }, yaxis2: { title: { text: "kernel" } },
   };
@@ -113,7 +129,7 @@ test("every range is given: the window, 5 % above each axis's top, the kernel's 
   assert.deepEqual(out.xaxis.range, [10, 70]);
   assert.deepEqual(out.xaxis2.range, [10, 70]);
   assert.deepEqual(out.yaxis.range, [0, 100]);            // given by the kernel
-  assert.deepEqual(out.yaxis2.range, [0, 7 * 1.05]);
+  assert.deepEqual(out.yaxis2.range, [0, axisTop(7)]);
   assert.equal(out.yaxis2.title.text, "kernel");
   assert.ok(Object.values(out).every((a) => a.autorange === false && a.uirevision === 2));
   assert.equal(stored.yaxis2.range, undefined);           // the model's layout is not written
@@ -200,4 +216,63 @@ test("tick labels read as plotly writes them: the step's decimals and no trailin
   assert.equal(tickText(-0, 1), "0");
   assert.equal(tickText(12500, 500, [12000, 12500]), "12.5k");
   assert.equal(tickText(9000, 1000, [8000, 9000]), "9000");
+});
+
+/** A 2D context that keeps its calls, and what each fill or stroke drew with. */
+function recordingContext() {
+  const calls = [];
+  const state = { fillStyle: "", strokeStyle: "", lineWidth: 1, font: "", textAlign: "", textBaseline: "", lineJoin: "" };
+  const ctx = new Proxy(state, {
+    get(target, key) {
+      if (key === "canvas") return canvas;
+      if (key in target) return target[key];
+      return (...args) => calls.push([key, ...args.map((a) => (ArrayBuffer.isView(a) ? [...a] : a))]);
+    },
+    set(target, key, value) {
+      target[key] = value;
+      return true;
+    },
+  });
+  const canvas = { width: 0, height: 0 };
+  return { ctx, calls, canvas, state };
+}
+
+test("a scene paints as given: sized for the pixel ratio, lines clipped to their subplot, fills down to their base, texts last", () => {
+  const { ctx, calls, canvas } = recordingContext();
+  paintScene(ctx, {
+    w: 300, h: 200, ratio: 2, rects: [[10, 20, 30, 40, "band"]],
+    grids: [{ xs: [50.5, 100.5], top: 20, bottom: 180, color: "grid", width: 1 }],
+    lines: [{ clip: [10, 20, 280, 160], xy: Float32Array.of(10, 180, 20, 30, 30, 170), fill: "fillc", base: 180,
+      width: 2, color: "c", dash: [] },
+    { clip: [0, 0, 1, 1], xy: new Float32Array(0), fill: null, base: 0, width: 2, color: "d", dash: [] }],
+    texts: [{ text: "[3]", x: 12, y: 22, font: "10px ui", color: "lab", clip: [10, 20, 280, 14] },
+      { text: "CPU 12 %", x: 3, y: 4, font: "14px t", color: "title" }],
+  });
+  assert.deepEqual([canvas.width, canvas.height], [600, 400]);
+  const names = calls.map(([name]) => name);
+  assert.deepEqual(calls.find(([n]) => n === "setTransform"), ["setTransform", 2, 0, 0, 2, 0, 0]);
+  assert.deepEqual(calls.find(([n]) => n === "fillRect"), ["fillRect", 10, 20, 30, 40]);
+  // the line: clipped, its path through every point, closed down to its base for the fill, then stroked
+  const line = calls.slice(names.indexOf("clip"));
+  assert.deepEqual(line.slice(0, 6).map(([n]) => n), ["clip", "beginPath", "moveTo", "lineTo", "lineTo", "save"]);
+  assert.deepEqual(line.filter(([n]) => n === "lineTo").map((c) => c.slice(1)), [[20, 30], [30, 170], [30, 180], [10, 180]]);
+  assert.ok(names.indexOf("fill") < names.indexOf("stroke", names.indexOf("fill")));
+  // the empty line draws nothing; the texts come after every line, the label clipped to its strip
+  assert.equal(calls.filter(([n]) => n === "moveTo").length, 3);   // two grid lines, one line
+  const texts = calls.filter(([n]) => n === "fillText");
+  assert.deepEqual(texts, [["fillText", "[3]", 12, 22], ["fillText", "CPU 12 %", 3, 4]]);
+  assert.ok(names.lastIndexOf("stroke") < names.indexOf("fillText"));
+  assert.deepEqual(calls.filter(([n]) => n === "rect").at(-1), ["rect", 10, 20, 280, 14]);
+});
+
+test("a scene on a canvas already its size keeps the canvas (a resize would clear and reallocate it)", () => {
+  const { ctx, canvas } = recordingContext();
+  const scene = { w: 100, h: 50, ratio: 1, rects: [], grids: [], lines: [], texts: [] };
+  paintScene(ctx, scene);
+  let resized = 0;
+  const { width, height } = canvas;
+  Object.defineProperty(canvas, "width", { get: () => width, set: () => (resized += 1) });
+  Object.defineProperty(canvas, "height", { get: () => height, set: () => (resized += 1) });
+  paintScene(ctx, scene);
+  assert.equal(resized, 0);
 });
