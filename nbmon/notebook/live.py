@@ -144,6 +144,12 @@ def plotly_bundle() -> tuple[str, pathlib.Path]:
     return importlib.metadata.version("plotly"), pathlib.Path(spec.origin).parent / "package_data" / "widgetbundle.js"
 
 
+def send_bundle(widget) -> None:
+    """Send plotly's bundle to the page through ``widget``, a widget of
+    nbmon's front end (js/dashboard.js: loadBundle)."""
+    widget.send({"type": "nbmon:bundle"}, [plotly_bundle()[1].read_bytes()])
+
+
 def _claim_bundle() -> bool:
     """True for the one caller per process that sends plotly's bundle."""
     global _bundle_sent
@@ -166,15 +172,13 @@ def push_bundle() -> bool:
         import anywidget
         import traitlets
 
-        version, path = plotly_bundle()
-
         class BundleCarrier(anywidget.AnyWidget):
             _esm = LOADER
-            _nbmon = traitlets.Dict({"bundle": version, "carrier": True}).tag(sync=True)
+            _nbmon = traitlets.Dict({"bundle": plotly_bundle()[0], "carrier": True}).tag(sync=True)
 
         carrier = BundleCarrier()
         try:
-            carrier.send({"type": "nbmon:bundle"}, [path.read_bytes()])
+            send_bundle(carrier)
         finally:
             carrier.close()
             carrier.layout.close()   # a DOMWidget's own Layout widget: a model of its own
@@ -198,7 +202,7 @@ def _make_widget_class() -> type:
     import plotly.graph_objects as go
     import traitlets
 
-    version, bundle_path = plotly_bundle()
+    version = plotly_bundle()[0]
 
     class FigureWidget(go.FigureWidget):  # the same name: callers check it
         """plotly's FigureWidget with nbmon's front end (js/dashboard.js):
@@ -223,8 +227,7 @@ def _make_widget_class() -> type:
             return self._nbmon_first
 
         def send_bundle(self) -> None:
-            """Send plotly's bundle to the front end (js/dashboard.js: loadBundle)."""
-            self.send({"type": "nbmon:bundle"}, [bundle_path.read_bytes()])
+            send_bundle(self)
 
         def _handle_custom_msg(self, content, buffers):
             # A method, not an on_msg callback: the request can come as soon as

@@ -150,8 +150,9 @@ function barFraction(value, max) {
 //     then changes nothing in the page, and the page renders no frame for it
 //     (in a long notebook each frame of the page's costs the browser more:
 //     ~30 ms of CPU after 1,000 cells); plotly draws the rest (the y axes,
-//     legend, the kernel's marks) and holds one empty point per stream. Plotly's x axes never move while the window scrolls: a relayout
-//     of them (axes, then the whole plot measured and rastered) cost the page
+//     legend, the kernel's marks) and holds one empty point per stream.
+//     Plotly's x axes never move while the window scrolls: a relayout of
+//     them (axes, then the whole plot measured and rastered) cost the page
 //     ~60 ms of CPU per redraw, where the paint costs ~1 ms; they are brought
 //     to the painted range only when the user presses a button on the chart
 //     (press(): plotly's zoom and pan start from them). A new y peak is a
