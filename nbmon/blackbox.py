@@ -367,7 +367,8 @@ class BlackBox:
     name = "BlackBox"
     at_start = True
 
-    def __init__(self, cell: CellNote, memory=None, *, notebook: str | None = None):
+    def __init__(self, cell: CellNote, memory=None, *, notebook: str | None = None, pid: int | None = None):
+        self.pid = os.getpid() if pid is None else pid   # the kernel's (the box may be kept by its helper)
         self.cell = cell
         self.memory = memory
         self.notebook = notebook_name() if notebook is None else notebook
@@ -440,10 +441,10 @@ class BlackBox:
     # -- the file ----------------------------------------------------------------
     def _open(self, store) -> None:
         self._close_locked()
-        pid = os.getpid()
+        pid = self.pid
         header = {"version": VERSION, "pid": pid, "started": pid_started(pid), "boot": boot_id(),
                   "pid_ns": pid_namespace(), "uid": os.geteuid(), "created": time.time(),
-                  "notebook": self.notebook, "cwd": _cwd(), "host": socket.gethostname(),
+                  "notebook": self.notebook, "cwd": _cwd(pid), "host": socket.gethostname(),
                   "cgroup": self.memory.cgroup if self.memory is not None else {},
                   "fields": list(NAMES)}
         if header["started"] is None:
@@ -519,9 +520,9 @@ class BlackBox:
         _open_boxes.discard(self)
 
 
-def _cwd() -> str:
+def _cwd(pid: int) -> str:
     try:
-        return os.getcwd()
+        return os.getcwd() if pid == os.getpid() else os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         return ""
 

@@ -244,6 +244,14 @@ class Monitor:
         taken = self._sampler is not None and self._sampler.sample_now()
         return Span(self, self.store.open_window(self.clock(), baseline=taken))
 
+    def rest(self, resting: bool, every_s: float | None = None) -> None:
+        """While ``resting`` (a notebook between its cells), sample only
+        every ``every_s`` seconds; at the interval again once not. The
+        thread sampler's; a helper process samples at its interval."""
+        rest = getattr(self._sampler, "rest", None)
+        if rest is not None:
+            rest(resting, every_s)
+
     def sample_now(self) -> bool:
         """Take one sample now, from the calling thread; False if not running."""
         return self._sampler is not None and self._sampler.sample_now()

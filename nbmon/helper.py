@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 from .faults import FaultLog
+from .launch import spawn
 from .options import Options
 from .sampler import STOP_GRACE_S, Sampler
 from .sources.proctree import EXCLUDED
@@ -125,36 +126,7 @@ def helper_main(argv: list[str]) -> int:
 
 # -- the kernel side ---------------------------------------------------------
 
-# How the helper starts: isolated (-I: no current directory, PYTHONPATH or
-# user site-packages on sys.path; cwd /), so that a notebook opened in a
-# shared directory where someone planted an ``nbmon/`` or ``numpy/`` never
-# runs their code; the directories of the kernel's own copies of what it
-# imports go first on its sys.path, so it starts wherever they came from.
-# Its environment is the kernel's (CUDA_VISIBLE_DEVICES, the NVML library):
-# -I leaves the PYTHON* variables out.
-HELPER_IMPORTS = ("nbmon", "numpy", "psutil", "pynvml")
-_BOOT = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-         "from nbmon.helper import helper_main; sys.exit(helper_main(sys.argv[2:]))")
-
-
-def import_path() -> list[str]:
-    """Where the helper imports from before its own isolated sys.path: the
-    directory each module of HELPER_IMPORTS that the kernel has imported was
-    found in (site-packages, an editable checkout, a PYTHONPATH entry), then
-    the user's site-packages if the kernel has it (a user install of an
-    optional one, not imported yet)."""
-    import site
-
-    paths: list[str] = []
-    for name in HELPER_IMPORTS:
-        file = getattr(sys.modules.get(name), "__file__", None)
-        if file:
-            where = os.path.dirname(os.path.abspath(file))
-            paths.append(os.path.dirname(where) if hasattr(sys.modules[name], "__path__") else where)
-    user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else None
-    if user_site and user_site in sys.path:
-        paths.append(user_site)
-    return list(dict.fromkeys(paths))
+HELPER_IMPORTS = ("nbmon", "numpy", "psutil", "pynvml")   # found where the kernel finds them (nbmon.launch)
 
 
 class ProcessSampler:
@@ -187,11 +159,8 @@ class ProcessSampler:
     def prime(self) -> None:
         """Start the helper and read its header; raises RuntimeError if it
         does not come up within START_TIMEOUT_S."""
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _BOOT, json.dumps(import_path()),
-             str(self.pid), str(os.getpid()), self.options.to_json()],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
-            close_fds=True, start_new_session=True)  # no terminal signals: it stops when told
+        self.proc = spawn("nbmon.helper:helper_main", [str(self.pid), str(os.getpid()), self.options.to_json()],
+                          HELPER_IMPORTS)
         EXCLUDED.add(self.proc.pid)  # nbmon's own: no monitor of this process counts it
         try:
             fd = self.proc.stdout.fileno()

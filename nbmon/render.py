@@ -18,8 +18,6 @@ import html
 import struct
 import zlib
 
-import numpy as np
-
 
 # Cosmetic only (a viewer may strip them; the table reads the same): compact
 # cells, labels left (JupyterLab right-aligns every cell for DataFrames).
@@ -94,6 +92,8 @@ def png_strips(t, strips, *, width: int = 360, strip_px: int = 24, gap_px: int =
     are joined, and NaN is a gap. ``scale`` pixels per CSS pixel: the output's
     metadata should give the CSS size (``width`` by the strips' height).
     """
+    import numpy as np   # here: a kernel that only shows tables never imports it
+
     t = np.asarray(t, dtype=np.float64)
     w, h, gap = width * scale, strip_px * scale, gap_px * scale
     palette = [(0, 0, 0, 0), (128, 128, 128, 150)]   # transparent, frame
@@ -106,11 +106,14 @@ def png_strips(t, strips, *, width: int = 360, strip_px: int = 24, gap_px: int =
         strip[[0, -1], :] = 1
         strip[:, [0, -1]] = 1
         _draw_series(strip, t, np.asarray(values, dtype=np.float64), float(top), line, fill, scale)
-    return _png(image, palette)
+    raw = np.zeros((image.shape[0], image.shape[1] + 1), dtype=np.uint8)   # filter byte 0 (none) before each row
+    raw[:, 1:] = image
+    return _png(raw.tobytes(), image.shape[1], image.shape[0], palette)
 
 
-def _draw_series(strip: np.ndarray, t: np.ndarray, v: np.ndarray, top: float, line: int, fill: int,
-                 thick: int) -> None:
+def _draw_series(strip, t, v, top: float, line: int, fill: int, thick: int) -> None:
+    import numpy as np
+
     h, w = strip.shape
     ok = np.isfinite(v) & np.isfinite(t)
     if t.size < 2 or not ok.any() or not top > 0:
@@ -140,23 +143,21 @@ def _draw_series(strip: np.ndarray, t: np.ndarray, v: np.ndarray, top: float, li
     area[[0, -1], :] = 1
 
 
-def _png(indexed: np.ndarray, palette) -> bytes:
-    """An 8-bit palette PNG (with transparency) of ``indexed``."""
+def _png(raw: bytes, w: int, h: int, palette) -> bytes:
+    """An 8-bit palette PNG (with transparency) of ``raw``: ``h`` rows of a
+    filter byte and ``w`` palette indices."""
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    h, w = indexed.shape
-    raw = np.zeros((h, w + 1), dtype=np.uint8)   # filter byte 0 (none) before each row
-    raw[:, 1:] = indexed
     return (b"\x89PNG\r\n\x1a\n"
             + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 3, 0, 0, 0))
             + chunk(b"PLTE", bytes(c for p in palette for c in p[:3]))
             + chunk(b"tRNS", bytes(p[3] for p in palette))
-            + chunk(b"IDAT", zlib.compress(raw.tobytes(), 9))
+            + chunk(b"IDAT", zlib.compress(raw, 9))
             + chunk(b"IEND", b""))
 
 
-BLANK_PNG = _png(np.zeros((1, 1), dtype=np.uint8), [(0, 0, 0, 0)])   # one transparent pixel
+BLANK_PNG = _png(b"\0\0", 1, 1, [(0, 0, 0, 0)])   # one transparent pixel
 
 
 def png_img(png: bytes, width: int, height: int) -> str:

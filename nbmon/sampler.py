@@ -81,6 +81,9 @@ class Sampler:
         self.t_start = NAN
         self.fields: tuple[str, ...] = ()
         self._stop = event()
+        self._pace = event()     # set when the pace changes (rest()) or the run stops: wakes the thread
+        self._resting = False
+        self.rest_s = self.interval
         self._final = False      # stop() asked the thread for the run's final sample
         self._abandoned = False  # stop() gave up on the thread: it must never write again
         self._sink_lock = threading.Lock()
@@ -142,6 +145,7 @@ class Sampler:
         when the stuck call returns, without writing to the sink again."""
         self._final = final
         self._stop.set()
+        self._pace.set()
         thread = self._thread
         if thread is None:
             return True
@@ -151,6 +155,16 @@ class Sampler:
                 self._abandoned = True
             return False
         return True
+
+    def rest(self, resting: bool, every_s: float | None = None) -> None:
+        """Sample only every ``every_s`` seconds (on the same grid, at least
+        every interval) while ``resting``, at every interval otherwise: a
+        notebook between its cells. A change wakes the thread at once."""
+        if every_s is not None:
+            self.rest_s = max(float(every_s), self.interval)
+        if resting != self._resting:
+            self._resting = resting
+            self._pace.set()
 
     def step(self, now: float) -> None:
         """Take one sample at ``now`` and hand it to the sink."""
@@ -258,15 +272,22 @@ class Sampler:
 
     def _run(self, stop) -> None:
         interval, clock, t_start = self.interval, self.clock, self.t_start
-        tick = 1
+        tick = 1   # the next tick on the grid; a resting run samples on every ``every``-th
         try:
             while True:
                 if self.until is not None and self.until():  # (possibly at the baseline already)
                     stop.set()
                     break
-                next_t = t_start + tick * interval  # not summed: no rounding drift
+                every = max(1, round(self.rest_s / interval)) if self._resting else 1
+                next_t = t_start + -(-tick // every) * every * interval  # not summed: no rounding drift
                 delay = next_t - clock()
-                if (delay > 0 and stop.wait(delay)) or stop.is_set():
+                if delay > 0 and self._pace.wait(delay):
+                    if stop.is_set():
+                        break
+                    self._pace.clear()   # the pace changed: the next tick at the new one
+                    tick = max(tick, math.floor((clock() - t_start) / interval) + 1)
+                    continue
+                if stop.is_set():
                     break
                 # Time is read under the lock: a sample_now() that got it first
                 # appends first and earlier, so the store's times never go back.

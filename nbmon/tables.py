@@ -14,15 +14,15 @@ if TYPE_CHECKING:
     from .store import Stats
 
 
-def samples_frame(store):
-    """Every sample the store holds, indexed by UTC time (column ``time``),
-    with ``elapsed_s`` since the first and one column per metric (units in
-    the names). Samples older than the ring are min/max pairs per bucket."""
+def samples_frame(t, wall, values: dict):
+    """Samples (a store's ``series()``: monotonic and epoch seconds, and
+    {column: values}) indexed by UTC time (column ``time``), with
+    ``elapsed_s`` since the first and one column per metric (units in the
+    names). Samples older than a store's ring are min/max pairs per bucket."""
     import pandas as pd
 
-    if store is None:
+    if not len(wall):
         return pd.DataFrame(index=pd.DatetimeIndex([], name="time", tz="UTC"))
-    t, wall, values = store.series()
     frame = pd.DataFrame(values, index=pd.to_datetime(wall, unit="s", utc=True))
     frame.index.name = "time"
     frame.insert(0, "elapsed_s", t - t[0] if len(t) else t)

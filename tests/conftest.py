@@ -54,6 +54,16 @@ def fake_gpu(fake_nvml_lib, tmp_path, monkeypatch):
     unload_from_pynvml()
 
 
+@pytest.fixture
+def session():
+    """The notebook's session outside a shell (``nbmon.monitor()`` from a
+    script); closed afterwards, its helper process and relay thread gone."""
+    from nbmon.notebook.session import SESSION
+
+    yield SESSION
+    SESSION.close()
+
+
 @pytest.fixture(scope="module")
 def ipython():
     from IPython.testing import globalipapp
@@ -73,10 +83,12 @@ def ip(ipython):
     ipython.display_formatter.active_types = list(ipython.display_formatter.format_types)
     with capture_output():
         ipython.run_line_magic("load_ext", "nbmon")
-    # Loading warms plotly up on a background thread; let it finish, or its
-    # imports would open and close files under the tests' snapshots.
-    wait_until(lambda: not [t for t in nbmon_threads() if t.name == "nbmon-warmup"], timeout=60.0,
-               what="the plotly warm-up to end")
+    from nbmon.notebook.session import SESSION
+
+    # The helper imports the meter's widgets in the background: let it finish,
+    # so that the tests' snapshots of its threads start from its steady state.
+    wait_until(lambda: "nbmon-warmup" not in SESSION.host.info()["threads"], timeout=60.0,
+               what="the helper's warm-up to end")
     yield ipython
     with capture_output():
         ipython.run_line_magic("unload_ext", "nbmon")

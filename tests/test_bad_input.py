@@ -118,13 +118,14 @@ MAGIC_CASES = [
 def notebook(ip) -> dict:
     """world() plus the notebook's own state: history, monitor, hooks, namespace."""
     magics = nbmon.notebook.magics._loaded[id(ip)]
-    monitor = SESSION.monitor
+    host = SESSION.host.info()   # the session's host, in its helper process: its monitor, views and threads
     return world() | {
         "history": len(nbmon.history()),
         "last": SESSION.last,
-        "monitor": (monitor, monitor.running, monitor.interval) if monitor else None,
+        "monitor": {key: host.get(key) for key in ("running", "pid", "interval")},
         "auto": magics.auto_threshold_s,
-        "dashboards": len(magics.dashboards),
+        "dashboards": host["views"],
+        "host threads": host["threads"],
         "hooks": [list(ip.events.callbacks[e]) for e in ("pre_run_cell", "post_run_cell")],
         "user_ns": sorted(ip.user_ns),
     }
@@ -158,15 +159,14 @@ def test_magics_while_a_monitor_runs(in_tmp, ip):
     """The same table against a running monitor: it keeps running, unchanged."""
     with capture_output():
         ip.run_line_magic("resmon", "--interval 0.05 --no-gpu")
-    monitor = SESSION.monitor
-    assert monitor.running
-    # The dashboard builds its chart on its own thread (reading plotly's files):
-    # the snapshots compare its steady state.
-    dashboard = nbmon.notebook.magics._loaded[id(ip)].dashboards[0][0]
-    wait_until(lambda: dashboard.widget is not None and dashboard.refreshes > 0, what="the chart to be built")
+    running = SESSION.host.info()
+    assert running["running"]
+    # The dashboard builds its chart on its own thread: the snapshots compare its steady state.
+    wait_until(lambda: SESSION.host.info()["charts"] == 1, what="the chart to be built")
     for magic, line, named, message in MAGIC_CASES:
         assert_magic_refused(ip, magic, line, named, message)
-    assert SESSION.monitor is monitor and monitor.running and monitor.interval == 0.05
+    now = SESSION.host.info()
+    assert now["running"] and (now["pid"], now["interval"]) == (running["pid"], 0.05)
 
 
 # -- nbmon (the CLI, a real subprocess) ---------------------------------------------------

@@ -36,11 +36,13 @@ MIB = 1 << 20
 # process of its own, running cell 3 "chunks = []", which holds ``HOLD`` MiB
 # for a moment in its first second, then waits to be killed.
 KERNEL = """
-    import sys, time
-    from nbmon.notebook.session import SESSION
-    from nbmon.notebook.kernel_watch import WATCH
-    SESSION.ensure_monitor()
-    WATCH.cell.started(3, 'chunks = []')
+    import os, sys, time
+    from nbmon.notebook.host import SessionHost
+    class Nowhere:
+        update = say = staticmethod(lambda *args: None)
+    host = SessionHost(os.getpid(), Nowhere(), kernel=False)
+    host.start()
+    host.cell_started(3, 'chunks = []')
     held = b'x' * ({hold} << 20)
     time.sleep(0.4)
     del held
@@ -99,10 +101,11 @@ def test_a_dead_kernels_box_has_its_cell_and_its_peak(boxes):
 
 
 def test_a_monitor_that_stops_removes_its_box(boxes):
-    from nbmon.notebook.kernel_watch import WATCH
+    from nbmon.blackbox import CellNote
+    from nbmon.notebook.host import watch_kernel
 
     monitor = Monitor(interval=0.05, gpu=False)
-    WATCH.attach(monitor)
+    watch_kernel(monitor, CellNote())
     with monitor:
         wait_until(lambda: boxes.is_dir() and len(os.listdir(boxes)) == 1, what="the box")
         (name,) = os.listdir(boxes)
@@ -118,10 +121,11 @@ def test_a_box_closed_at_exit_stays_closed_while_the_sampler_runs_on(boxes):
     # At exit the monitor's threads (daemons) still run until the interpreter
     # stops them; a consume() after the exit hook must not open a new box,
     # which no one would remove (the next kernel would read a normal exit as a death).
-    from nbmon.notebook.kernel_watch import WATCH
+    from nbmon.blackbox import CellNote
+    from nbmon.notebook.host import watch_kernel
 
     monitor = Monitor(interval=0.05, gpu=False)
-    WATCH.attach(monitor)
+    watch_kernel(monitor, CellNote())
     with monitor:
         wait_until(lambda: boxes.is_dir() and len(os.listdir(boxes)) == 1, what="the box")
         blackbox._remove_at_exit()   # what atexit runs
@@ -286,10 +290,11 @@ def test_an_unsafe_directory_is_one_sentence(boxes, tmp_path):
     assert cli.returncode == 1 and cli.stdout == ""
     assert cli.stderr.count("\n") == 1 and "symbolic link" in cli.stderr
     # A monitor runs on without a box: one fault, said in %resmon status.
-    from nbmon.notebook.kernel_watch import WATCH
+    from nbmon.blackbox import CellNote
+    from nbmon.notebook.host import watch_kernel
 
     monitor = Monitor(interval=0.05, gpu=False)
-    WATCH.attach(monitor)
+    watch_kernel(monitor, CellNote())
     with monitor:
         wait_until(lambda: "BlackBox" in monitor.faults, what="the box's fault")
         time.sleep(0.6)
@@ -314,14 +319,12 @@ def test_load_ext_shows_the_death_once_and_never_raises_on_bad_boxes(boxes, ipyt
             shown.append([o.data["text/html"] for o in cap.outputs if " died" in o.data.get("text/html", "")])
             with capture_output():
                 ipython.run_line_magic("unload_ext", "nbmon")
-            wait_until(lambda: "nbmon-warmup" not in {t.name for t in threading.enumerate()},
-                       timeout=60, what="the warm-up")
     finally:
         ipython.display_formatter.active_types = saved
     assert len(shown[0]) == 1 and "chunks = []" in shown[0][0] and shown[1] == []
     assert id(ipython) not in magics._loaded
     hooks = ipython.events.callbacks["pre_run_cell"] + ipython.events.callbacks["post_run_cell"]
-    assert not [h for h in hooks if getattr(h, "__module__", "") == "nbmon.notebook.kernel_watch"]
+    assert not [h for h in hooks if getattr(h, "__module__", "").startswith("nbmon.")]
 
 
 # -- the warning ----------------------------------------------------------------------

@@ -117,7 +117,7 @@ def test_a_metric_added_to_the_catalog_reaches_samples_csv_and_chart(fake_gpu, m
     from nbmon.tables import samples_frame
 
     # (The baseline at start reads only sources that cannot get stuck: not NVML.)
-    frame = samples_frame(monitor.store).iloc[1:]
+    frame = samples_frame(*monitor.store.series()).iloc[1:]
     assert len(frame) >= 3 and (frame["gpu0_hotspot_c"] == 71).all()
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))[1:]
@@ -150,8 +150,10 @@ def test_a_tree_metric_added_at_run_time_reaches_every_consumer(monkeypatch, tmp
     from distributed import Client, LocalCluster
 
     import nbmon.dask
-    from nbmon.notebook.session import Session, cell_record
+    from nbmon.notebook.host import SessionHost
+    from nbmon.notebook.session import Outlet
     from nbmon.senders import JSONLinesSender
+    from nbmon.summary import ResourceSummary
     from nbmon.tables import history_frame, samples_frame
 
     added = catalog.Metric("proc_open_files", "", "open files, process tree", catalog.GAUGE, catalog.PEAK,
@@ -166,19 +168,20 @@ def test_a_tree_metric_added_at_run_time_reaches_every_consumer(monkeypatch, tmp
     monkeypatch.setattr(ProcessTree, "sample", with_open_files)
 
     csv_path, jsonl_path = tmp_path / "s.csv", tmp_path / "s.jsonl"
-    session = Session()
+    session = SessionHost(os.getpid(), Outlet(), kernel=False)   # the notebook's session, here in this process
     session.monitor = Monitor(interval=0.02, gpu=False, system=False,
                               consumers=[CSVSender(csv_path), JSONLinesSender(jsonl_path)]).start()
     try:
-        with session.cell(label="opens") as record:
-            files = [open(os.devnull) for _ in range(40)]
-            wait_until(lambda: session.monitor.store.seq >= 5, what="samples")
-            for f in files:
-                f.close()
+        token = session.cell_open(label="opens")["token"]
+        files = [open(os.devnull) for _ in range(40)]
+        wait_until(lambda: session.monitor.store.seq >= 5, what="samples")
+        for f in files:
+            f.close()
+        closed = session.cell_close(token, show="record")
     finally:
         session.stop()
-    summary = record.summary
-    frame = samples_frame(session.monitor.store)
+    summary = ResourceSummary.from_dict(closed["summary"])
+    frame = samples_frame(*session.monitor.store.series())
     assert (frame["proc_open_files"].iloc[1:] > 0).all()
     with open(csv_path, newline="") as f:
         assert float(list(csv.DictReader(f))[-1]["proc_open_files"]) > 0
@@ -186,7 +189,7 @@ def test_a_tree_metric_added_at_run_time_reaches_every_consumer(monkeypatch, tmp
     most = summary.figures["max_proc_open_files"]
     assert most >= 40
     assert dict(summary.rows())["Open files, most"] == str(int(most))
-    assert "Open files, most" in cell_record(record, session.monitor).html
+    assert "Open files, most" in closed["table"]["data"]["text/html"]
     assert history_frame(session.records)["max_proc_open_files"].iloc[-1] == most
 
     # A worker in this process (its plugin imports the catalog patched here) sends it in its batches.

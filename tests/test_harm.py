@@ -45,7 +45,8 @@ def test_a_package_planted_in_the_kernels_directory_never_runs_in_the_helper(
         ip, other_user, shared_dir, package):
     """The second user plants ``<package>/__init__.py`` (it would append its
     uid to a marker file) in a project directory of theirs; the victim's
-    IPython shell ``%cd``s there and starts ``%resmon`` (the process backend)."""
+    IPython shell ``%cd``s there, loads nbmon (its session's helper process
+    starts from there) and starts ``%resmon``."""
     from IPython.utils.capture import capture_output
 
     from nbmon.notebook.session import SESSION
@@ -58,10 +59,11 @@ def test_a_package_planted_in_the_kernels_directory_never_runs_in_the_helper(
             warnings.simplefilter("always", RuntimeWarning)   # a helper that fell back to a thread says so
             with capture_output():
                 ip.run_line_magic("cd", project)
+                ip.run_line_magic("unload_ext", "nbmon")
+                ip.run_line_magic("load_ext", "nbmon")
                 ip.run_line_magic("resmon", "--interval 0.05 --no-gpu")
-            monitor = SESSION.monitor
-            wait_until(lambda: monitor.store.seq >= 5, what="samples")
-            backend = monitor.backend_used
+            wait_until(lambda: SESSION.host.info()["samples"] >= 5, what="samples")
+            backend = "process" if SESSION.remote else "thread"
         with capture_output():
             ip.run_line_magic("resmon", "stop")
     finally:
@@ -379,24 +381,24 @@ def vm_rss_mb() -> float:
 
 
 def test_20000_cells_keep_the_history_bounded():
-    from nbmon.notebook import session
-    from nbmon.options import Options
+    from nbmon.notebook import host as hosting
+    from nbmon.notebook.session import Outlet
 
-    s = session.Session()
-    monitor, _ = s.ensure_monitor(Options(interval=1.0, gpu=False, system=False, children=False,
-                                          max_bytes=1 << 20))   # its store is full long before the end
+    s = hosting.SessionHost(os.getpid(), Outlet(), kernel=False)   # the session's host, here in this process
+    s.start({"interval": 1.0, "gpu": False, "system": False, "children": False,
+             "max_bytes": 1 << 20})   # its store is full long before the end
+    monitor = s.monitor
     rss = {}
     try:
         for n in range(1, 20_001):
-            with s.cell(execution_count=n, label=f"cell {n}", keep_running=True):
-                pass
+            s.cell_close(s.cell_open(number=n, label=f"cell {n}")["token"])
             if n in (10_000, 20_000):
                 rss[n] = vm_rss_mb()
     finally:
         assert monitor.stop(timeout=DEADLINE_S)
     figure("20,000 cells", records=len(s.records), rss_growth_mb_10k_to_20k=round(rss[20_000] - rss[10_000], 2),
            with_stats=sum(r.stats is not None for r in s.records))
-    assert len(s.records) == session.MAX_RECORDS == 10_000
+    assert len(s.records) == hosting.MAX_RECORDS == 10_000
     assert [r.execution_count for r in s.records] == list(range(10_001, 20_001))
     assert [r for r in s.records if r.stats is not None] == [s.records[-1]]   # the newest cell's record is drawn from it
     assert rss[20_000] - rss[10_000] < 8.0   # before: a record more per cell, +27 MiB over these 10,000

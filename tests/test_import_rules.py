@@ -28,7 +28,7 @@ MODULES = sorted(dotted(p) for p in PACKAGE.rglob("*.py"))
 # Data flows one way: sources -> sampler -> store -> consumers -> outer
 # layers. A module may import only modules listed before it.
 LAYERS = (
-    "values", "catalog", "options", "format", "render", "faults", "runtime", "files",
+    "values", "catalog", "options", "format", "render", "faults", "runtime", "files", "launch",
     "sources.procfs", "sources.memory", "sources.pstree", "sources.peaks", "sources.cgroup",
     "sources.proctree", "sources.machine",
     "sources.nvml", "sources.gpus", "sources",
@@ -37,14 +37,14 @@ LAYERS = (
     "dask.wire", "dask.feeds", "dask.worker", "dask.client", "dask",
     "compat.calibrax", "compat.scaffold", "compat",
     "notebook.frames", "notebook.charts", "notebook.live", "notebook.pages", "notebook.meter",
-    "notebook.kernel_watch", "notebook.dashboard", "notebook.cluster", "notebook.session",
-    "notebook.magics", "notebook",
+    "notebook.dashboard", "notebook.cluster", "notebook.host", "notebook.remote", "notebook.serve",
+    "notebook.session", "notebook.magics", "notebook",
     "ranks", "cli", "demo",
 )
 PACKAGES = ("sources", "dask", "compat", "notebook")
 # What each package may reach outside itself.
 PACKAGE_MAY_IMPORT = {
-    "sources": {"values", "catalog", "options", "faults", "runtime"},
+    "sources": {"values", "catalog", "options", "faults", "runtime", "launch"},
     "notebook": None,   # anything before it in LAYERS but compat
     "compat": None,     # anything before it in LAYERS but notebook
 }

@@ -27,11 +27,22 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
 def thread_names(prefix: str = "nbmon-") -> list[str]:
-    return sorted(t.name for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive())
+    """nbmon's threads, in this process and in the session's helper process
+    (the session's own link to it, nbmon-relay, left out: it lives as long
+    as nbmon is loaded)."""
+    names = [t.name for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive()]
+    if SESSION.remote and not SESSION.host.gone:
+        names += SESSION.host.info()["threads"]
+    return sorted(name for name in names if name != "nbmon-relay")
 
 
 def count(name: str) -> int:
     return thread_names().count(name)
+
+
+def host_info() -> dict:
+    """The session's monitor as its host says (it may run in the helper process)."""
+    return SESSION.host.info()
 
 
 def samplers() -> int:
@@ -115,25 +126,40 @@ def test_label_quotes_are_not_part_of_the_label(ip, option, label):
     assert f"nbmon · {label}<" in html_of(cap.outputs[-1])
 
 
-def test_cell_starts_its_own_monitor_and_stops_it_afterwards(ip):
-    assert not thread_names()
+def test_a_cell_starts_the_sessions_monitor_which_rests_between_cells(ip):
+    """The first monitored cell starts the session's monitor (in the helper
+    process, none of it in the kernel): it samples at its interval while a
+    cell runs and once a second between cells, until %resmon stop."""
+    wait_until(lambda: not thread_names(), what="the helper's warm-up to end")
     with capture_output():
         seen = ip.run_cell_magic("resmon", "--interval 0.05",
-                                 "import threading\n"
+                                 "import threading, time\n"
                                  "from nbmon.notebook.session import SESSION as rm_s\n"
-                                 "(rm_s.monitor.interval, sorted(t.name for t in threading.enumerate()))")
-    interval, names = seen
-    assert interval == 0.05
-    assert "nbmon-sampler" in names and "nbmon-meter" in names
-    wait_until(lambda: not thread_names(), timeout=10.0, what="the cell's monitor and meter threads to end")
+                                 "before = rm_s.host.info()['samples']\n"
+                                 "time.sleep(1.0)\n"
+                                 "(rm_s.host.info(), rm_s.host.info()['samples'] - before,\n"
+                                 " sorted(t.name for t in threading.enumerate()))")
+    during, taken, here = seen
+    assert during["running"] and during["interval"] == 0.05
+    assert "nbmon-sampler" in during["threads"] and "nbmon-meter" in during["threads"]
+    assert "nbmon-sampler" not in here and "nbmon-meter" not in here   # the kernel holds none of it
+    assert taken >= 12, taken   # 20 at 0.05 s: the cell's pace, with room for a loaded machine
+    wait_until(lambda: "nbmon-meter" not in thread_names(), timeout=10.0, what="the cell's meter to end")
+    rested = host_info()["samples"]
+    import time
+    time.sleep(2.0)
+    assert host_info()["running"] and host_info()["samples"] - rested <= 4   # a sample a second between cells
+    with capture_output():
+        ip.run_line_magic("resmon", "stop")
+    wait_until(lambda: not thread_names(), timeout=10.0, what="the monitor's threads to end")
 
 
 def test_cell_inside_running_monitor_leaves_it_running(ip):
     with capture_output():
         ip.run_line_magic("resmon", "")
-        monitor = SESSION.monitor
+        pid = host_info()["pid"]
         ip.run_cell_magic("resmon", "--label inner", "rm_x = 1")
-    assert SESSION.monitor is monitor and monitor.running
+    assert host_info()["running"] and host_info()["pid"] == pid
     assert samplers() == 1
     wait_until(lambda: count("nbmon-meter") == 0, timeout=10.0, what="the meter thread to end")
 
@@ -183,7 +209,7 @@ def test_keyboard_interrupt_reraises_and_records_interrupted(ip):
     row = nbmon.history().iloc[-1]
     assert (row["label"], row["status"]) == ("stopped", "interrupted")
     assert 'data-status="interrupted"' in html_of(cap.outputs[-1])
-    wait_until(lambda: not thread_names(), timeout=10.0, what="threads to end after an interrupted cell")
+    wait_until(lambda: count("nbmon-meter") == 0, timeout=10.0, what="the meter to end after an interrupted cell")
 
 
 # -- %resmon -------------------------------------------------------------------
@@ -207,7 +233,7 @@ def test_line_magic_starts_one_monitor_and_stop_ends_every_thread(ip):
     assert cap.stdout.startswith("nbmon: running, every 0.05 s")
     assert "GPU:" in cap.stdout
 
-    wait_until(lambda: SESSION.monitor.store.seq >= 3, timeout=10.0, what="three samples")
+    wait_until(lambda: host_info()["samples"] >= 3, timeout=10.0, what="three samples")
     with capture_output():
         summary = ip.run_line_magic("resmon", "summary")
     assert isinstance(summary, ResourceSummary)
@@ -227,12 +253,12 @@ def test_line_magic_starts_one_monitor_and_stop_ends_every_thread(ip):
 
 def test_nbmon_monitor_is_the_one_resmon_shows_and_feeds_a_sink_of_ones_own(ip):
     got: list[dict] = []
-    monitor = nbmon.monitor(interval=0.05, gpu=False, consumers=[got.append])
-    assert monitor is SESSION.monitor and monitor.running and monitor.interval == 0.05
+    monitor = nbmon.monitor(interval=0.05, gpu=False, consumers=[got.append])   # a sink of one's own: in the kernel
+    assert monitor is SESSION.host.monitor and monitor.running and monitor.interval == 0.05
     assert nbmon.monitor(interval=1.0) is monitor and monitor.interval == 0.05  # running: the same one
     with capture_output() as cap:
         ip.run_line_magic("resmon", "")  # its dashboard shows the same monitor
-    assert SESSION.monitor is monitor and samplers() == 1 and "nbmon-live-record" in html_of(cap.outputs[0])
+    assert SESSION.host.monitor is monitor and samplers() == 1 and "nbmon-live-record" in html_of(cap.outputs[0])
     wait_until(lambda: len(got) >= 3, what="three samples at the sink")
     with capture_output():
         ip.run_line_magic("resmon", "stop")
@@ -243,7 +269,7 @@ def test_nbmon_monitor_is_the_one_resmon_shows_and_feeds_a_sink_of_ones_own(ip):
 def test_samples_frame_round_trips_through_csv_and_parquet(ip, tmp_path):
     with capture_output():
         ip.run_line_magic("resmon", "--interval 0.05")
-    wait_until(lambda: SESSION.monitor.store.seq >= 5, timeout=10.0, what="five samples")
+    wait_until(lambda: host_info()["samples"] >= 5, timeout=10.0, what="five samples")
     with capture_output():
         ip.run_line_magic("resmon", "stop")
 
@@ -265,8 +291,8 @@ def test_samples_frame_round_trips_through_csv_and_parquet(ip, tmp_path):
 
 def test_dashboard_marks_each_cell_with_its_prompt_number(ip):
     with capture_output():
-        ip.run_line_magic("resmon", "--interval 0.05")
-    (dashboard, *_), = nbmon.notebook.magics._loaded[id(ip)].dashboards
+        ip.run_line_magic("resmon", "--interval 0.05 --backend thread")   # the session in this process: its bands
+    (dashboard, *_), = SESSION.host.views
     number = ip.execution_count
     with capture_output():
         ip.run_cell("rm_y = sum(range(10**5))", store_history=True)   # numbered, as in a kernel
@@ -286,8 +312,7 @@ def test_in_a_terminal_the_record_is_shown_at_start_and_replaced_at_stop_only(ip
     # again: the first figures, a cell's end, the periodic refresh would each print.
     with capture_output() as cap:
         ip.run_line_magic("resmon", "--interval 0.05")
-        (dashboard, *_), = nbmon.notebook.magics._loaded[id(ip)].dashboards
-        wait_until(lambda: dashboard.widget is not None, timeout=60.0, what="the chart (after the first figures)")
+        wait_until(lambda: host_info()["charts"] == 1, timeout=60.0, what="the chart (after the first figures)")
         ip.run_cell("rm_t = 1", store_history=True)
         ip.run_line_magic("resmon", "stop")
     assert [o.update for o in cap.outputs if "nbmon-live-record" in html_of(o)] == [False, True]
@@ -312,7 +337,7 @@ def test_cell_record_table_and_timeline_give_the_same_figures(ip):
         with capture_output() as cap:
             ip.run_cell_magic("resmon", "--label idle", "import time\ntime.sleep(0.3)")
     finally:
-        SESSION.stop()
+        SESSION.host.stop()
     html = [html_of(o) for o in cap.outputs if "nbmon-summary" in html_of(o)][-1]
     table = summary_rows(html)
     peaks = legend(table)   # the timeline picture's legend, a row of the table
@@ -338,9 +363,6 @@ def test_auto_mode_records_every_cell_until_off(ip):
     with capture_output() as cap:
         ip.run_line_magic("resmon", "auto on --threshold 0")
     assert "auto on" in cap.stdout
-    magics = nbmon.notebook.magics._loaded[id(ip)]
-    assert magics._post_run_cell in ip.events.callbacks["post_run_cell"]
-
     before = rows()
     with capture_output() as cap:
         assert ip.run_cell("rm_s = sum(range(10**5))").success
@@ -366,8 +388,6 @@ def test_auto_mode_records_every_cell_until_off(ip):
     with capture_output() as cap:
         ip.run_cell("%resmon auto off")
     assert "auto off" in cap.stdout
-    assert magics._post_run_cell not in ip.events.callbacks["post_run_cell"]
-    assert magics._pre_run_cell not in ip.events.callbacks["pre_run_cell"]
     after_off = rows()
     with capture_output() as cap:
         ip.run_cell("rm_v = 2")
@@ -375,9 +395,8 @@ def test_auto_mode_records_every_cell_until_off(ip):
     assert rows() == after_off
     assert oneliners(cap) == []
     # the cell that turned auto off closed its own span, and the monitor auto on
-    # started is stopped with it: no window stays open, no sampler runs
-    assert SESSION.monitor.store._windows == []
-    assert not SESSION.monitor.running
+    # started is stopped with it: no cell stays open, no sampler runs
+    assert host_info()["open_cells"] == 0 and not host_info()["running"]
 
 
 def test_auto_mode_keeps_no_row_for_a_cell_below_the_threshold(ip):
@@ -396,7 +415,7 @@ def test_unload_removes_hooks_and_stops_every_thread(ip):
         ip.run_cell("rm_z = 1")
     magics = nbmon.notebook.magics._loaded[id(ip)]
     assert thread_names()
-    assert magics._post_run_cell in ip.events.callbacks["post_run_cell"]
+    assert magics._cell_finished in ip.events.callbacks["post_run_cell"]
 
     with capture_output():
         ip.run_line_magic("unload_ext", "nbmon")
@@ -440,8 +459,8 @@ def assert_usage_error(message: str, value: str) -> None:
 
 
 def state(ip):
-    monitor = SESSION.monitor
-    return (thread_names(), rows(), monitor, monitor.running if monitor else None,
+    now = host_info()
+    return (thread_names(), rows(), now.get("pid"), now["running"], now.get("interval"),
             list(ip.events.callbacks["pre_run_cell"]), list(ip.events.callbacks["post_run_cell"]))
 
 
@@ -464,7 +483,7 @@ def test_misuse_while_running_leaves_the_monitor_alone(ip):
             ip.run_line_magic("resmon", line)
         assert_usage_error(str(info.value), value)
     assert state(ip) == before
-    assert SESSION.monitor.interval == 0.05
+    assert host_info()["interval"] == 0.05
 
 
 @pytest.mark.parametrize("line, value", [("--interval 0", "0"), ("--interval abc", "abc"),
@@ -502,7 +521,7 @@ def test_status_shows_a_faults_text_without_its_escapes(ip):
         with capture_output() as cap:
             ip.run_line_magic("resmon", "status")
     finally:
-        SESSION.stop()
+        SESSION.host.stop()
     (line,) = [line for line in cap.stdout.splitlines() if line.startswith("fault:")]
     assert "\x1b" not in cap.stdout and "\x07" not in cap.stdout
     assert line.endswith("RuntimeError: \\x1b]0;pwned\\x07\\x1b[2J"), line

@@ -141,7 +141,7 @@ def test_resmon_status_prints_the_faults(monkeypatch):
         ip.run_line_magic("load_ext", "nbmon")
     source = Broken("broken", _raise, lambda c: True)
     m = Monitor(interval=0.005, gpu=False, extra_sources=[source]).start()
-    monkeypatch.setattr(SESSION, "monitor", m)
+    monkeypatch.setattr(SESSION.host_for("thread"), "monitor", m)   # the session in this process: its monitor
     try:
         wait_until(lambda: source.calls >= 3, what="three calls")
         with capture_output() as cap:

@@ -55,14 +55,15 @@ def rss_mib() -> float:
 
 
 def _helper_of(cmd: list[str], parent: int | None) -> bool:
-    """Whether ``cmd`` is a sampler helper (``python -I -c BOOT PATH_JSON PID
-    PARENT_PID OPTIONS_JSON``, see nbmon.helper), started by ``parent`` if given."""
-    from nbmon.helper import _BOOT
+    """Whether ``cmd`` is a sampler helper (``python -I -c BOOT PATH_JSON
+    nbmon.helper:helper_main PID PARENT_PID OPTIONS_JSON``, see nbmon.launch),
+    started by ``parent`` if given."""
+    from nbmon.launch import _BOOT
 
     if _BOOT not in cmd:
         return False
     args = cmd[cmd.index(_BOOT) + 1:]
-    return parent is None or (len(args) >= 3 and args[2] == str(parent))
+    return len(args) >= 4 and args[1] == "nbmon.helper:helper_main" and (parent is None or args[3] == str(parent))
 
 
 def helper_running(pid: int, parent: int | None = None) -> bool:
@@ -165,11 +166,16 @@ def test_process_backend_started_from_a_thread_that_ends_keeps_sampling():
         assert m.stop(timeout=DEADLINE_S)
 
 
-def test_resmon_100_cycles_in_a_real_ipython_shell():
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_resmon_100_cycles_in_a_real_ipython_shell(backend):
+    """The session in this process (thread: its dashboards are counted here)
+    or in its helper (process: this process keeps only the relay, and the
+    helper's own memory is read from /proc)."""
     from IPython.testing import globalipapp
     from IPython.utils.capture import capture_output
 
     from nbmon.notebook.dashboard import Dashboard
+    from nbmon.notebook.session import SESSION
 
     ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # None once anyone started it
     saved = list(ip.display_formatter.active_types)
@@ -179,15 +185,25 @@ def test_resmon_100_cycles_in_a_real_ipython_shell():
 
     def cycle():
         with capture_output() as cap:
-            ip.run_line_magic("resmon", "--interval 0.01")
+            ip.run_line_magic("resmon", f"--interval 0.01 --backend {backend}")
         # The record shows at once; the chart is built on the dashboard's thread and mounts into it.
         assert 'data-nbmon-live="' in cap.outputs[0].data["text/html"]
-        dashboard = nbmon.notebook.magics._loaded[id(ip)].dashboards[0][0]
-        wait_until(lambda: dashboard.widget is not None, what="the chart", timeout=30)
+        wait_until(lambda: SESSION.host.info()["charts"] == 1, what="the chart", timeout=30)
         with capture_output() as cap:
             ip.run_line_magic("resmon", "stop")
         assert [o for o in cap.outputs if o.update], "the chart was not replaced by its record"
-        wait_until(lambda: not nbmon_threads(), what="every nbmon thread to end after %resmon stop", timeout=5)
+        wait_until(lambda: not threads(), what="every nbmon thread to end after %resmon stop", timeout=5)
+
+    def threads() -> list:
+        """nbmon's threads here and in the helper, but the relay to it (it lives as long as nbmon is loaded)."""
+        here = [t.name for t in nbmon_threads() if t.name != "nbmon-relay"]
+        return here + (SESSION.host.info()["threads"] if SESSION.remote else [])
+
+    def helper_rss() -> float:
+        if not SESSION.remote:
+            return 0.0
+        with open(f"/proc/{SESSION.host.pid}/statm") as f:   # a heap's size, read from outside it
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MIB
 
     def live_widgets() -> int:
         return sum(isinstance(o, Dashboard) or type(o).__name__.endswith("FigureWidget")
@@ -197,17 +213,17 @@ def test_resmon_100_cycles_in_a_real_ipython_shell():
         for _ in range(10):  # warm-up: plotly, the widget bundle, the allocator's pools
             cycle()
         gc.collect()
-        fds, rss, objects, widgets = fd_count(), rss_mib(), len(gc.get_objects()), live_widgets()
+        fds, rss, objects, widgets, helper = fd_count(), rss_mib(), len(gc.get_objects()), live_widgets(), helper_rss()
         for _ in range(100):
             cycle()
         gc.collect()
         growth, object_growth = rss_mib() - rss, len(gc.get_objects()) - objects
-        figure("%resmon 100 cycles", backend=nbmon.notebook.session.SESSION.monitor.backend_used,
-               leaked_threads=len(nbmon_threads()), fd_delta=fd_count() - fds,
+        figure(f"%resmon 100 cycles, backend {backend}", leaked_threads=len(threads()), fd_delta=fd_count() - fds,
                rss_growth_mib=round(growth, 2), object_growth=object_growth,
-               widgets_left=live_widgets() - widgets)
-        assert nbmon_threads() == []
+               widgets_left=live_widgets() - widgets, helper_rss_growth_mib=round(helper_rss() - helper, 2))
+        assert threads() == []
         assert fd_count() == fds
+        assert helper_rss() - helper <= 16.0
         # Each %resmon used to leave its chart (~0.5 MiB, ~800 objects) in memory for good.
         assert live_widgets() == widgets  # (other tests' dashboards may still be alive)
         assert object_growth < 2000

@@ -160,8 +160,6 @@ def test_the_cell_magic_evaluates_only_the_cell_never_its_options(tmp_path):
     from IPython.testing import globalipapp
     from IPython.utils.capture import capture_output
 
-    from nbmon.notebook.session import SESSION
-
     ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # None once anyone started it
     with capture_output():
         ip.run_line_magic("load_ext", "nbmon")
@@ -174,7 +172,7 @@ def test_the_cell_magic_evaluates_only_the_cell_never_its_options(tmp_path):
                 ip.run_line_magic("resmon", line)
         with capture_output():
             ip.run_cell_magic("resmon", f"--quiet --label {payload}", "rm_sec = 1")
-        assert SESSION.records[-1].label == payload  # kept as text
+        assert nbmon.history().iloc[-1]["label"] == payload  # kept as text
         assert not mark.exists()
     finally:
         ip.user_ns.pop("rm_sec", None)

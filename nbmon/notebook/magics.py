@@ -1,36 +1,29 @@
 """``%resmon`` / ``%%resmon``: the IPython face of nbmon.
 
-The only module that imports IPython. Widgets are created and displayed on
-the main thread; background threads only set traits.
+The only module that imports IPython. It drives the session's host
+(:mod:`nbmon.notebook.session`: in a helper process by default) in plain
+data, and displays what it answers: mimebundles, by display id where the
+host updates them later.
 """
 from __future__ import annotations
 
 import ast
-import dataclasses
-import math
-import re
+import os
 import sys
-import threading
-import uuid
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from IPython.display import HTML, display
+from IPython.display import display, update_display
 
-from .. import dask as nbmon_dask, options as opts, senders
+from .. import options as opts, senders
 from ..format import printable
 from ..options import DEFAULT_WINDOW_S, MAGIC, Options, check_interval
-from . import kernel_watch
-from .session import SESSION, cell_record, one_line
+from ..summary import ResourceSummary
+from .session import SESSION, options_dict
 
 SUBCOMMANDS = ("start", "stop", "status", "summary", "auto")
-# The live dashboard runs for long: a helper process keeps its timeline whole
-# while C code holds the GIL (benchmarks/RESULTS.md, gaps). %%resmon and auto
-# mode start a thread-backend monitor when none runs: a helper's start-up
-# (~0.3 s) per cell would cost more than it saves, and a cell's summary is
-# exact either way (cumulative CPU clocks, the kernel's peak RSS).
-DEFAULT_BACKEND = "process" if sys.platform.startswith("linux") else "thread"
+LABEL_CHARS = 60
 
 
 def _seconds(text: str | None, name: str, default: float, *, zero_ok: bool = False) -> float:
@@ -98,16 +91,41 @@ def _only(flags: list[str], where: str) -> None:
         raise UsageError(f"{', '.join(flags)} only appl{'ies' if len(flags) == 1 else 'y'} to {where}")
 
 
+def first_line(source: str) -> str:
+    """A cell's label: its first line that is not blank, at most LABEL_CHARS long."""
+    return next((line.strip() for line in (source or "").splitlines() if line.strip()), "")[:LABEL_CHARS]
+
+
+def _show(bundle: dict, display_id: str | bool | None = None):
+    """Display a host's mimebundle (with ``display_id``: one a later update replaces)."""
+    return display(bundle["data"], raw=True, metadata=bundle["metadata"], display_id=display_id)
+
+
+class _Outlet:
+    """What the session's host sends on its own, shown here: a display
+    updated by its id, a line in the running cell (ipykernel sends a
+    thread's output to the cell that runs now; stderr, so that it reads as a
+    warning)."""
+
+    def update(self, display_id: str, bundle: dict) -> None:
+        update_display(bundle["data"], raw=True, metadata=bundle["metadata"], display_id=display_id)
+
+    def say(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _said(err: Exception) -> None:
+    """An nbmon error never reaches the user's cell: one line, and the cell runs on."""
+    print(printable(f"nbmon: {err}"), file=sys.stderr, flush=True)
+
+
 @magics_class
 class ResmonMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
-        self.dashboards: list = []   # (Dashboard, display handles of its table and picture)
         self.cluster_views: list = []   # nbmon.notebook.cluster.ClusterView, displayed
-        self.cells: list[dict] = []   # cell executions while a dashboard shows: its bands
         self.auto_threshold_s: float | None = None
-        self._auto_started_monitor = False
-        self._auto_cell = None
+        self._auto_cell: int | None = None   # the token of the cell auto mode watches now
 
     @magic_arguments()
     @argument("subcommand", nargs="?", default="start",
@@ -140,13 +158,14 @@ class ResmonMagics(Magics):
             options = Options.from_arguments(args)
         except ValueError as err:
             raise UsageError(str(err)) from None
+        backend = getattr(args, "backend", None)   # given: the session runs there
         outputs = {name: _unquote(path) for name, path in senders.outputs_given(args, MAGIC).items()}
         streamed = [senders.SINKS[name].flag for name in outputs]
         if cell is not None:
             if args.subcommand != "start" or args.value:
                 raise UsageError(f"%%resmon takes options only, not {args.subcommand!r}")
             _only(streamed, "%resmon start")
-            return self._run_cell(cell, options, args)
+            return self._run_cell(cell, options, backend, args)
         _only([name for name, given in (("--label", args.label), ("--quiet", args.quiet), ("-o", args.output))
                if given], "a %%resmon cell")
         if args.dask and args.subcommand != "start":
@@ -157,20 +176,22 @@ class ResmonMagics(Magics):
         if args.subcommand != "start":
             _only(streamed, "%resmon start")
         if args.subcommand == "auto":
-            return self._auto(args.value, _seconds(args.threshold, "--threshold", 1.0, zero_ok=True), options)
+            return self._auto(args.value, _seconds(args.threshold, "--threshold", 1.0, zero_ok=True),
+                              options, backend)
         if args.value:
             raise UsageError(f"%resmon {args.subcommand} takes no value, got {args.value!r}")
         if args.subcommand == "start":
-            return self._start_line(args, options, outputs)
+            return self._start_line(args, options, backend, outputs)
         if args.subcommand == "stop":
             return self.stop()
         if args.subcommand == "status":
             print(self.status())
             return None
-        return SESSION.monitor.summary() if SESSION.monitor else None
+        got = SESSION.host.summary() if SESSION.host is not None else None
+        return ResourceSummary.from_dict(got) if got is not None else None
 
     # -- line magic ------------------------------------------------------
-    def _start_line(self, args, options: Options, outputs: dict[str, str]) -> None:
+    def _start_line(self, args, options: Options, backend: str | None, outputs: dict[str, str]) -> None:
         """``%resmon [start]``: the live chart of the kernel's monitor (or of
         a Dask cluster), every sample streamed to ``outputs``."""
         window = _seconds(args.window, "--window", DEFAULT_WINDOW_S)
@@ -183,91 +204,81 @@ class ResmonMagics(Magics):
             senders.check_outputs(outputs, args.force, senders.FORCE_HINT)   # refused before anything starts
         except ValueError as err:
             raise UsageError(str(err)) from None
-        if not hasattr(args, "backend"):
-            options = Options.of(options, backend=DEFAULT_BACKEND)
-        self._start(options, window, interval_given=hasattr(args, "interval"))
+        outputs = {name: os.path.abspath(path) for name, path in outputs.items()}   # the kernel's cwd, not the host's
+        host = SESSION.host_for(backend)
         try:
-            streams = senders.open_streams(outputs, args.force, senders.FORCE_HINT)
-        except ValueError as err:   # made meanwhile, or the disk went
-            raise UsageError(str(err)) from None
-        for stream in streams:
-            SESSION.monitor.attach(stream)
-        return None
+            info = host.info()
+            if info["running"] and hasattr(args, "interval") and options.interval != info["interval"]:
+                print(f"nbmon: already sampling every {info['interval']:g} s; "
+                      f"%resmon stop first to change the interval")
+            # The record shows at once, before the sampler starts (its first
+            # figures and the chart follow from the host).
+            view = host.view_open(options_dict(options), window)
+            for bundle, display_id in zip((view["table"], view["picture"]), view["ids"]):
+                _show(bundle, display_id)
+            host.view_start()
+            if outputs:
+                host.start(options_dict(options), outputs, args.force)
+        except Exception as err:  # noqa: BLE001 - HostError, or the streams' refusal
+            _said(err)
 
-    def _start(self, options: Options, window: float, interval_given: bool) -> None:
-        from . import dashboard as live
-
-        monitor = SESSION.monitor
-        if monitor is not None and monitor.running and interval_given and options.interval != monitor.interval:
-            print(f"nbmon: already sampling every {monitor.interval:g} s; "
-                  f"%resmon stop first to change the interval")
-        # The record shows at once, before the sampler starts (a helper process
-        # takes a few hundred ms); the dashboard's thread re-sends it with the
-        # first figures, and builds the widget (plotly may still be
-        # importing), which mounts itself into the record.
-        monitor, made = SESSION.ensure_monitor(options, start=False)
-        dashboard = live.Dashboard(monitor, window_s=window, cells=self.cells, build=False, start=False)
-        handle = display(dashboard, display_id=True)
-        picture = display(dashboard.picture(), display_id=True)   # the timeline: an output of its own
-        # A terminal prints every display update anew, from whichever thread
-        # sends it: there the record is shown once, and replaced at stop only.
-        if getattr(self.shell, "kernel", None) is not None:
-            dashboard.handle, dashboard.picture_handle = handle, picture
-        self._push_bundle()
-        if made:
-            warmed_up()   # %load_ext and %resmon in one cell: the run starts after nbmon's own imports
-            monitor.start()
-        dashboard.start()
-        if not self.dashboards:
-            self.shell.events.register("pre_run_cell", self._cell_started)
-            self.shell.events.register("post_run_cell", self._cell_finished)
-        self.dashboards.append((dashboard, handle, picture))
-
-    def _cell_started(self, info) -> None:
-        monitor = SESSION.monitor
-        if monitor is None:
+    def stop(self, summary: bool = True) -> None:
+        """Stop monitoring; each dashboard is replaced by its static record,
+        and the run's summary is shown (unless not ``summary``)."""
+        self._auto("off", quiet=True)
+        self._unwatch_cluster()
+        if SESSION.host is None:
             return
-        from .dashboard import keep_cells
+        try:
+            got = SESSION.host.stop()
+        except Exception as err:  # noqa: BLE001
+            _said(err)
+            return
+        for view in got["views"]:
+            for bundle, display_id in zip((view["table"], view["picture"]), view["ids"]):
+                update_display(bundle["data"], raw=True, metadata=bundle["metadata"], display_id=display_id)
+        if summary and got["summary"] is not None:
+            _show(got["summary"])
 
-        now = monitor.clock()
-        keep_cells(self.cells, now, max(d.window_s for d, *_ in self.dashboards))
-        self.cells.append({"id": uuid.uuid4().hex[:12], "n": self.shell.execution_count,
-                           "label": kernel_watch.first_line(info.raw_cell), "t0": now, "t1": None})
+    # -- the cells, for the host: the black box names the running one, the
+    # dashboards band it, the monitor samples at its pace while it runs ----
+    def _cell_started(self, info) -> None:
+        if SESSION.host is None:
+            return
+        source = info.raw_cell or ""
+        SESSION.notify("cell_started", self.shell.execution_count, first_line(source))
+        if self.auto_threshold_s is not None and not source.lstrip().startswith("%%resmon"):
+            # Cells shorter than the threshold are neither shown nor kept in the history.
+            try:
+                self._auto_cell = SESSION.host.cell_open(number=self.shell.execution_count,
+                                                         min_duration_s=self.auto_threshold_s)["token"]
+            except Exception as err:  # noqa: BLE001
+                _said(err)
 
     def _cell_finished(self, result) -> None:
-        monitor = SESSION.monitor
-        if self.cells and self.cells[-1]["t1"] is None and monitor is not None:
-            cell = self.cells[-1]
-            cell["t1"] = monitor.clock()
-            cell["n"] = result.execution_count if result.execution_count is not None else cell["n"]
-            labelled = [r for r in SESSION.records[-1:] if r.label and r.t_open >= cell["t0"]]
-            if labelled:
-                cell["label"] = labelled[0].label
-        for dashboard, *_ in self.dashboards:
-            dashboard.cell_ended()
-
-    def stop(self) -> None:
-        """Stop monitoring; each dashboard is replaced by its static record."""
-        self._auto("off", quiet=True)
-        summary = SESSION.stop()
-        self._unwatch_cluster()
-        for dashboard, handle, picture in self.dashboards:
-            # close(), not just freeze(): the static record replaces the chart,
-            # and an open widget would stay in ipywidgets' registry for good.
-            final = dashboard.close()
-            if handle is not None:
-                handle.update(final.table())
-                picture.update(final.picture())
-        if self.dashboards:
-            self.shell.events.unregister("pre_run_cell", self._cell_started)
-            self.shell.events.unregister("post_run_cell", self._cell_finished)
-        self.dashboards.clear()
-        self.cells.clear()
-        if summary is not None:
-            display(summary)
+        if SESSION.host is None:
+            return
+        if self._auto_cell is not None:
+            token, self._auto_cell = self._auto_cell, None
+            error = result.error_in_exec or result.error_before_exec
+            status = "ok" if error is None else "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+            try:
+                closed = SESSION.host.cell_close(token, status, show="line", number=result.execution_count)
+            except Exception as err:  # noqa: BLE001
+                _said(err)
+            else:
+                if closed["kept"]:
+                    SESSION.last = ResourceSummary.from_dict(closed["summary"])
+                if closed.get("line"):
+                    display({"text/html": f'<div class="nbmon-oneline" style="font:12px system-ui;'
+                                          f'color:var(--jp-ui-font-color2, #555)">{_escape(closed["line"])}</div>',
+                             "text/plain": closed["line"]}, raw=True)
+        SESSION.notify("cell_finished", result.execution_count)
 
     # -- a Dask cluster (nbmon.dask) -------------------------------------
     def _watch_cluster(self, name: str, options: Options, window: float) -> None:
+        from .. import dask as nbmon_dask
+
         try:
             watch = nbmon_dask.watch(nbmon_dask.client_named(self.shell.user_ns, name), options)
         except (ValueError, RuntimeError, ImportError) as err:
@@ -278,19 +289,17 @@ class ResmonMagics(Magics):
         view = ClusterView(watch, window_s=window, start=False)
         view.handle = display(view, display_id=True)
         view.picture_handle = display(view.picture(), display_id=True)   # the timeline: an output of its own
-        self._push_bundle()
-        self.cluster_views.append(view)
-        view.start()
-
-    def _push_bundle(self) -> None:
-        """In a kernel, plotly's bundle to the page now: it imports it (~1 s)
-        while the run starts and the chart is built."""
         if getattr(self.shell, "kernel", None) is not None:
             from .live import push_bundle
 
-            push_bundle()
+            push_bundle()   # plotly's bundle to the page now: it imports it while the chart is built
+        self.cluster_views.append(view)
+        view.start()
 
     def _unwatch_cluster(self) -> None:
+        nbmon_dask = sys.modules.get("nbmon.dask")
+        if nbmon_dask is None:
+            return
         left = nbmon_dask.unwatch()
         for view in self.cluster_views:
             final = view.close()
@@ -301,63 +310,63 @@ class ResmonMagics(Magics):
             print(printable(f"nbmon: still running on worker {worker}: {', '.join(threads)}"))
 
     def status(self) -> str:
-        monitor = SESSION.monitor
-        if monitor is None:
+        if SESSION.host is None:
             return "nbmon: not started (%resmon to start)"
-        lines = [f"nbmon: {'running' if monitor.running else 'stopped'}, every {monitor.interval:g} s, "
-                 f"{monitor.store.seq if monitor.store is not None else 0} samples, pid {monitor.pid}",
-                 f"peaks: {monitor.peaks}",
-                 f"GPU: {monitor.gpu_state}",
-                 f"auto: {'on' if self.auto_threshold_s is not None else 'off'}",
-                 f"cells in history: {len(SESSION.records)}"]
-        for fault in monitor.faults.values():   # errors in their own words: from anywhere
-            lines.append(printable(f"fault: {fault.source} failed {fault.count} time(s), first: {fault.first_error}"))
-        return "\n".join(lines)
+        try:
+            return printable(SESSION.host.status(self.auto_threshold_s is not None))
+        except Exception as err:  # noqa: BLE001
+            return printable(f"nbmon: {err}")
 
     # -- cell magic ------------------------------------------------------
-    def _run_cell(self, cell: str, options: Options, args):
-        from .meter import Meter, MeterFeed
-
+    def _run_cell(self, cell: str, options: Options, backend: str | None, args):
         shell = self.shell
         number = _prompt_number(shell)
-        record = handle = None
         try:
-            with SESSION.cell(options, label=args.label, execution_count=number,
-                              keep_running=self.auto_threshold_s is not None) as record, \
-                    nbmon_dask.cell(record):
-                feed = None
-                if not args.quiet:
-                    meter = Meter(label=args.label or f"cell {number}")
-                    handle = display(meter, display_id=True)
-                    feed = MeterFeed(meter, SESSION.monitor)
+            host = SESSION.host_for(backend)
+            opened = host.cell_open(options_dict(options), label=args.label, number=number,
+                                    meter=not args.quiet)
+        except Exception as err:  # noqa: BLE001 - the cell runs unmonitored
+            _said(err)
+            return self._execute(cell, number)
+        handle = _show(opened["meter"], True) if opened["meter"] is not None else None
+        dask_cell, record = _dask_cell(opened, args.label, number)
+        status, summary = "ok", None
+        try:
+            with dask_cell:
                 try:
                     value = self._execute(cell, number)
                 except BaseException as err:
-                    record.ended_with(err)   # before the Dask hook's exit copies the status
+                    status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+                    if record is not None:
+                        record.ended_with(err)   # before the Dask hook's exit copies the status
                     if not isinstance(err, KeyboardInterrupt):
                         _user_traceback(shell, err)
                     raise
-                finally:
-                    if feed is not None:
-                        feed.finish("done" if record.status == "ok" else record.status)
-                        feed.meter.close()
         finally:
             # Shown on failure too; the exception then propagates unchanged.
-            if record is not None and record.summary is not None:
-                self._show_cell(record, handle, args.quiet)
-        return record.summary if args.output else value
+            summary = self._close_cell(host, opened["token"], status, args.quiet, handle, record)
+        return summary if args.output else value
 
-    def _show_cell(self, record, handle, quiet) -> None:
-        if quiet:
-            return
-        shown = cell_record(record, SESSION.monitor)
-        table = dataclasses.replace(shown, html=shown.html + nbmon_dask.cell_html(record)).table()
-        if handle is not None:
-            handle.update(table)  # the static record replaces the live meter in the saved notebook
-        else:
-            display(table)
-        if shown.timeline is not None:
-            display(shown.picture())
+    def _close_cell(self, host, token: int, status: str, quiet: bool, handle, record):
+        extra = ""
+        if record is not None:
+            from ..dask import cell_html
+
+            extra = cell_html(record)
+        try:
+            closed = host.cell_close(token, status, show="" if quiet else "record", extra_html=extra)
+        except Exception as err:  # noqa: BLE001
+            _said(err)
+            return None
+        SESSION.last = summary = ResourceSummary.from_dict(closed["summary"])
+        if not quiet:
+            if handle is not None:
+                handle.update(closed["table"]["data"], raw=True)   # the record replaces the live meter
+            else:
+                _show(closed["table"])
+            if closed.get("picture") is not None:
+                _show(closed["picture"])
+        return summary
 
     def _execute(self, cell: str, number: int):
         """Run the cell in the user namespace; return its last expression's value."""
@@ -377,29 +386,32 @@ class ResmonMagics(Magics):
 
     # -- auto mode -------------------------------------------------------
     def _auto(self, value: str | None, threshold: float = 1.0, options: Options | None = None,
-              quiet: bool = False) -> None:
-        events = self.shell.events
+              backend: str | None = None, quiet: bool = False) -> None:
         if value == "on":
-            if self.auto_threshold_s is None:
-                events.register("pre_run_cell", self._pre_run_cell)
-                events.register("post_run_cell", self._post_run_cell)
             self.auto_threshold_s = threshold
-            _, started = SESSION.ensure_monitor(options)
-            self._auto_started_monitor = self._auto_started_monitor or started
+            try:
+                SESSION.host_for(backend).start(options_dict(options), owner="auto")
+            except Exception as err:  # noqa: BLE001
+                self.auto_threshold_s = None
+                _said(err)
+                return
             if not quiet:
                 print(f"nbmon: auto on, summarising cells longer than {threshold:g} s")
         elif value == "off":
             if self.auto_threshold_s is not None:
-                events.unregister("pre_run_cell", self._pre_run_cell)
-                events.unregister("post_run_cell", self._post_run_cell)
                 self.auto_threshold_s = None
-                if self._auto_cell is not None:
-                    # This cell's post_run hook is gone: close its span here, or it stays open for good.
-                    cell, self._auto_cell = self._auto_cell, None
-                    cell.__exit__(None, None, None)
-                if self._auto_started_monitor and not self.dashboards:
-                    SESSION.stop()  # auto on started it, nothing else shows it
-                self._auto_started_monitor = False
+                if self._auto_cell is not None and SESSION.host is not None:
+                    # This cell's post_run hook will not close it: close its span here.
+                    token, self._auto_cell = self._auto_cell, None
+                    try:
+                        SESSION.host.cell_close(token)
+                    except Exception as err:  # noqa: BLE001
+                        _said(err)
+                if SESSION.host is not None:
+                    try:
+                        SESSION.host.stop_auto()
+                    except Exception as err:  # noqa: BLE001
+                        _said(err)
                 if not quiet:
                     print("nbmon: auto off")
         elif value is None:
@@ -407,33 +419,35 @@ class ResmonMagics(Magics):
         else:
             raise UsageError(f"%resmon auto takes on or off, got {value!r}")
 
-    def _pre_run_cell(self, info) -> None:
-        if info.raw_cell.lstrip().startswith("%%resmon"):
-            self._auto_cell = None  # the cell magic summarises it already
-            return
-        # Cells shorter than the threshold are neither shown nor kept in the history.
-        self._auto_cell = SESSION.cell(execution_count=self.shell.execution_count, keep_running=True,
-                                       min_duration_s=self.auto_threshold_s or 0.0)
-        self._auto_record = self._auto_cell.__enter__()
-
-    def _post_run_cell(self, result) -> None:
-        if self._auto_cell is None:
-            return
-        cell, record = self._auto_cell, self._auto_record
-        self._auto_cell = None
-        record.ended_with(result.error_in_exec or result.error_before_exec)
-        if result.execution_count is not None:
-            record.execution_count = result.execution_count
-        cell.__exit__(None, None, None)
-        summary = record.summary
-        if summary.duration_sec >= (self.auto_threshold_s or 0.0) and not math.isnan(summary.duration_sec):
-            display(HTML(f'<div class="nbmon-oneline" style="font:12px system-ui;'
-                         f'color:var(--jp-ui-font-color2, #555)">{one_line(record)}</div>'))
-
     def close(self) -> None:
         self._auto("off", quiet=True)
-        if (SESSION.monitor is not None and SESSION.monitor.running) or self.dashboards or self.cluster_views:
-            self.stop()
+        self.stop(summary=False)
+
+
+def _escape(text: str) -> str:
+    import html
+
+    return html.escape(text, quote=False)
+
+
+class _NoCell:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _dask_cell(opened: dict, label: str, number: int):
+    """The cell's spans on every worker of a watched Dask cluster, and the
+    kernel's record of it they are kept with (nothing when none is watched)."""
+    nbmon_dask = sys.modules.get("nbmon.dask")
+    if nbmon_dask is None or nbmon_dask.watching() is None:
+        return _NoCell(), None
+    from ..tables import CellRecord
+
+    record = CellRecord(number, label, start_time=opened["start_time"], t_open=opened["t_open"])
+    return nbmon_dask.cell(record), record
 
 
 _loaded: dict[int, ResmonMagics] = {}
@@ -442,51 +456,31 @@ _loaded: dict[int, ResmonMagics] = {}
 def load(ipython) -> None:
     if id(ipython) in _loaded:
         return
+    try:
+        hello = SESSION.connect(kernel=getattr(ipython, "kernel", None) is not None, outlet=_Outlet())
+    except Exception as err:  # noqa: BLE001 - never let nbmon stop the kernel
+        _said(err)
+        return
     magics = ResmonMagics(ipython)
     ipython.register_magics(magics)
+    ipython.events.register("pre_run_cell", magics._cell_started)
+    ipython.events.register("post_run_cell", magics._cell_finished)
     _loaded[id(ipython)] = magics
-    kernel_watch.install(ipython, display)  # the post-mortem of this notebook's last kernel, if it died
-    # The first plotly FigureWidget costs imports (~0.2 s): paid now, in the
-    # background, not when %resmon is typed; and before the next cell runs,
-    # so that nbmon's start-up is in no cell's figures (nor slows one down).
-    from . import dashboard
-
-    if not dashboard.ready():
-        _warming.append(threading.Thread(target=_warm, args=(dashboard,), name="nbmon-warmup", daemon=True))
-        _warming[-1].start()
-
-        def warmed(info=None) -> None:
-            # %resmon shows its record at once and waits itself, before its run starts
-            if not _RESMON_START.match(getattr(info, "raw_cell", "") or ""):
-                warmed_up()
-            ipython.events.unregister("pre_run_cell", warmed)
-
-        ipython.events.register("pre_run_cell", warmed)
-
-
-_warming: list[threading.Thread] = []   # the warm-up started by load(), while it may run
-_RESMON_START = re.compile(r"\s*%resmon(\s+start\b|\s+-|\s*$)", re.M)
-WARM_WAIT_S = 30.0   # a cell waits at most this long for it (an import that hangs never hangs a cell)
-
-
-def warmed_up() -> None:
-    """Wait (bounded) until the warm-up has ended."""
-    while _warming:
-        _warming[0].join(WARM_WAIT_S)
-        _warming.pop(0)
-
-
-def _warm(dashboard) -> None:
-    try:
-        dashboard.warm()
-    except Exception:  # %resmon will say why, on the main thread
-        pass
+    if SESSION.why_local:
+        _said(f"{SESSION.why_local}; the session runs in the kernel")
+    if hello["problem"]:
+        _said(f"no post-mortem: {hello['problem']}")
+    for bundle in hello["outputs"]:   # the post-mortem of this notebook's last kernel, if it died
+        _show(bundle)
 
 
 def unload(ipython) -> None:
     magics = _loaded.pop(id(ipython), None)
     if magics is not None:
         magics.close()
-        kernel_watch.uninstall(ipython)
+        ipython.events.unregister("pre_run_cell", magics._cell_started)
+        ipython.events.unregister("post_run_cell", magics._cell_finished)
         ipython.magics_manager.magics["line"].pop("resmon", None)
         ipython.magics_manager.magics["cell"].pop("resmon", None)
+    if not _loaded:
+        SESSION.close()

@@ -1,86 +1,170 @@
-"""The kernel's monitoring session: one monitor, the per-cell history, the
-last cell's summary. No IPython here, so scripts can read the history too.
+"""The notebook's session as the kernel holds it: a host
+(:class:`~nbmon.notebook.host.SessionHost`, in a helper process by default,
+:mod:`nbmon.notebook.remote`; in the kernel with ``backend="thread"`` or
+where no helper can start), the last cell's summary, and what the user
+reads: :func:`monitor`, :func:`history` and :func:`samples` (pandas
+DataFrames, imported when asked for), :func:`last_summary`.
+
+What the kernel keeps is bounded and small: the host's handle, the last
+summary, the cell hooks; the history, the samples and every widget stay
+with the host. No IPython here, so scripts can read the history too.
 """
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
+import dataclasses
+import os
+import sys
 
-from .. import catalog
-from ..engine import Monitor
-from ..format import fmt
 from ..options import Options
-from ..render import html_table, text_table
-from ..senders import MONITOR, open_streams, sinks
-from ..summary import ResourceSummary, headline
-from ..tables import CellRecord, history_frame, samples_frame
-from .charts import Record, record_timeline
-from .kernel_watch import WATCH
+from ..summary import ResourceSummary
+
+# Where the session runs by default: a helper process, where one can run.
+DEFAULT_BACKEND = "process" if sys.platform.startswith("linux") else "thread"
 
 
-MAX_RECORDS = 10_000   # cells the history keeps: the oldest go first
+def options_dict(options: Options | None) -> dict | None:
+    return None if options is None else {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+
+
+class Outlet:
+    """What a host sends on its own, here without a notebook (a script):
+    its lines go to stderr, there are no displays to update (the magics'
+    outlet updates them)."""
+
+    def update(self, display_id: str, bundle: dict) -> None:
+        pass
+
+    def say(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
 
 
 class Session:
-    """``records``: the history, one :class:`~nbmon.tables.CellRecord` per
-    monitored cell, the last MAX_RECORDS cells; the newest also keeps its
-    window's statistics (``stats``), which its static record is drawn from."""
+    """``host``: where the session runs (None until :meth:`connect`);
+    ``last``: the last monitored cell's ResourceSummary."""
 
     def __init__(self):
-        self.monitor: Monitor | None = None
-        self.records: list[CellRecord] = []
+        self.host = None
         self.last: ResourceSummary | None = None
+        self.kernel = False     # the outputs are in a kernel's front end (not a terminal)
+        self.outlet = Outlet()
+        self.why_local = ""     # why the session runs in the kernel, where a helper was wanted
 
-    def ensure_monitor(self, options: Options | None = None, *, start: bool = True) -> tuple[Monitor, bool]:
-        """The running monitor, or a new one with ``options`` if none runs
-        (started unless ``start`` is False: the caller starts it); the flag
-        says whether this call made it."""
-        if self.monitor is not None and self.monitor.running:
-            return self.monitor, False
-        self.monitor = Monitor(options=options)
-        WATCH.attach(self.monitor)  # the memory warning and the black box (issue 20)
-        if start:
-            self.monitor.start()
-        return self.monitor, True
+    @property
+    def remote(self) -> bool:
+        return getattr(self.host, "REMOTE", False)
 
-    @contextmanager
-    def cell(self, options: Options | None = None, *, label: str = "", execution_count=None,
-             keep_running: bool = False, min_duration_s: float = 0.0):
-        """Monitor one cell: yields its :class:`~nbmon.tables.CellRecord`,
-        which on exit gets its ``summary`` (and ``stats``, its window's) and
-        joins the history if it lasted at least ``min_duration_s``.
-        ``options`` apply if no monitor runs yet."""
-        monitor, started = self.ensure_monitor(options)
-        span = monitor.window()
-        record = CellRecord(execution_count, label, start_time=time.time(), t_open=span.t_open)
-        try:
-            yield record
-        finally:
-            record.summary = span.close()
-            if started and not keep_running:
-                monitor.stop()
-            record.stats = span.window.stats()
-            if not record.summary.duration_sec < min_duration_s:
-                self._keep(record)
-                self.last = record.summary
+    def connect(self, *, kernel: bool, outlet=None, backend: str = DEFAULT_BACKEND) -> dict:
+        """Start the session's host (a no-op once started), its own outputs
+        shown through ``outlet``; returns its hello: the post-mortem of this
+        notebook's last kernel, if it died."""
+        self.kernel = kernel
+        self.outlet = outlet or self.outlet
+        if self.host is not None:
+            self.host.outlet = self.outlet
+        if self.host is None:
+            self.host = self._new_host(backend)
+            return self.host.hello()
+        return {"outputs": [], "problem": ""}
 
-    def _keep(self, record: CellRecord) -> None:
-        if self.records:
-            self.records[-1].stats = None   # a column of statistics per metric: the newest cell's only
-        self.records.append(record)
-        del self.records[:-MAX_RECORDS]
+    def _new_host(self, backend: str):
+        if backend == "process":
+            from .remote import START_TIMEOUT_S, HostError, RemoteHost
+
+            try:
+                host = RemoteHost(os.getpid(), self.outlet, kernel=self.kernel)
+            except OSError as err:
+                self.why_local = f"its helper process could not start ({err})"
+            else:
+                try:
+                    host.call("info", timeout=START_TIMEOUT_S)
+                    return host
+                except HostError as err:
+                    host.bye()
+                    self.why_local = f"its helper process did not start ({err})"
+        from .host import SessionHost
+
+        return SessionHost(os.getpid(), self.outlet, kernel=self.kernel)
+
+    def host_for(self, backend: str | None):
+        """The host to run a monitor on: the current one, unless ``backend``
+        asks for the other kind and no monitor runs yet (``"thread"``: in
+        the kernel; ``"process"``: in a helper)."""
+        host = self.host
+        if host is None:
+            self.connect(kernel=self.kernel, backend=backend or DEFAULT_BACKEND)
+        elif backend is not None and (backend == "process") != self.remote and not host.info()["running"]:
+            self.close()
+            self.host = self._new_host(backend)
+        return self.host
+
+    def notify(self, method: str, *args) -> None:
+        """Tell the host ``method(*args)`` without waiting for it (the cell hooks)."""
+        if self.remote:
+            self.host.note(method, *args)
+        else:
+            getattr(self.host, method)(*args)
+
+    @property
+    def monitor(self):
+        """The session's monitor: the Monitor itself where the session runs
+        in the kernel, a :class:`RemoteMonitor` of the helper's; None before
+        one was made."""
+        host = self.host
+        if host is None:
+            return None
+        if self.remote:
+            return RemoteMonitor(host) if "pid" in host.info() else None
+        return host.monitor
 
     def stop(self) -> ResourceSummary | None:
-        if self.monitor is None:
-            return None
-        self.monitor.stop()
-        return self.monitor.summary()
+        """Stop the session's monitor (its views become their records); its run's summary, or None."""
+        got = self.host.stop()["run"] if self.host is not None else None
+        return ResourceSummary.from_dict(got) if got is not None else None
+
+    def close(self) -> None:
+        host, self.host = self.host, None
+        if getattr(host, "REMOTE", False):
+            host.bye()
+        elif host is not None:
+            host.close()
 
 
 SESSION = Session()
 
 
-def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = False, **settings) -> Monitor:
+class RemoteMonitor:
+    """The notebook's monitor when it runs in the helper process: its
+    figures, asked for; ``stop()`` and ``summary()`` as a Monitor's."""
+
+    def __init__(self, host):
+        self._host = host
+
+    def _info(self) -> dict:
+        return self._host.info()
+
+    running = property(lambda self: self._info()["running"])
+    interval = property(lambda self: self._info()["interval"])
+    pid = property(lambda self: self._info()["pid"])
+    peaks = property(lambda self: self._info()["peaks"])
+    gpu_state = property(lambda self: self._info()["gpu_state"])
+    gpu_count = property(lambda self: self._info()["gpu_count"])
+
+    def summary(self) -> ResourceSummary:
+        got = self._host.summary()
+        return ResourceSummary.from_dict(got) if got is not None else ResourceSummary.zeroed()
+
+    def stop(self) -> None:
+        self._host.stop()
+
+    def attach(self, sink, every_s: float = 1.0):
+        raise ValueError("a sink of your own runs in the kernel, and this monitor runs in nbmon's helper "
+                         "process: %resmon stop, then nbmon.monitor(consumers=[...]) runs the session in the kernel")
+
+    def __repr__(self) -> str:
+        return f"<nbmon monitor in helper process {self._host.pid}>"
+
+
+def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = False, **settings):
     """The notebook's monitor (the one ``%resmon`` shows), started with
     ``options`` and ``settings`` (e.g. ``interval=0.5``) if none runs yet.
     A setting named after a sink (nbmon.senders.SINKS: ``csv``, ``jsonl``)
@@ -90,18 +174,25 @@ def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = F
 
         nbmon.monitor(jsonl="kernel.jsonl")
         nbmon.monitor(consumers=[my_sender])
+
+    Consumers of your own run in the kernel: the session then runs there
+    too (``backend="thread"``), as it does when asked for by name.
     """
-    outputs = {name: settings.pop(name) for name in list(settings) if name in _SINK_NAMES}
+    from ..senders import MONITOR, check_outputs, sinks
+
+    names = {sink.name for sink in sinks(MONITOR)}
+    outputs = {name: path for name, path in settings.items() if name in names and path is not None}
+    settings = {k: v for k, v in settings.items() if k not in names}
+    backend = settings.get("backend") or ("thread" if consumers else None)
     options = Options.of(options, **settings)   # refused before any file is made
-    streams = open_streams({k: v for k, v in outputs.items() if v is not None}, overwrite,
-                           "pass overwrite=True to replace it")
-    running, _ = SESSION.ensure_monitor(options)
-    for consumer in (*consumers, *streams):
-        running.attach(consumer)
-    return running
-
-
-_SINK_NAMES = tuple(sink.name for sink in sinks(MONITOR))
+    check_outputs(outputs, overwrite, "pass overwrite=True to replace it")
+    outputs = {name: os.path.abspath(os.fspath(path)) for name, path in outputs.items()}   # the host's cwd is /
+    host = SESSION.host_for(backend)
+    host.start(options_dict(options), outputs, overwrite)
+    handle = SESSION.monitor
+    for consumer in consumers:
+        handle.attach(consumer)
+    return handle
 
 
 def history(workers: bool = False):
@@ -110,12 +201,20 @@ def history(workers: bool = False):
     then the ResourceSummary fields (units in their names: _mb is MiB);
     GPU columns only when some cell has a GPU figure. ``workers=True``: one
     row per cell and worker of a watched Dask cluster (:mod:`nbmon.dask`)."""
+    from ..tables import CellRecord, history_frame
+
     if workers:
         from .. import dask
 
         frame = dask.history()
     else:
-        frame = history_frame(SESSION.records)
+        rows = SESSION.host.history() if SESSION.host is not None else []
+        records = []
+        for row in rows:
+            record = CellRecord(row["execution_count"], row["label"], row["start_time"], row["t_open"], row["status"])
+            record.summary = ResourceSummary.from_dict(row["summary"])
+            records.append(record)
+        frame = history_frame(records)
     empty = [c for c in frame.columns if "gpu" in c and frame[c].isna().all()]
     return frame.drop(columns=empty)
 
@@ -128,36 +227,15 @@ def samples(workers: bool = False):
         from .. import dask
 
         return dask.samples()
-    return samples_frame(SESSION.monitor.store if SESSION.monitor else None)
+    import numpy as np
+
+    from ..tables import samples_frame
+
+    got = SESSION.host.samples() if SESSION.host is not None else {"columns": []}
+    t, wall, *values = (np.frombuffer(b, dtype=np.float64) for b in got.get("buffers") or [b"", b""])
+    return samples_frame(t, wall, dict(zip(got["columns"], values)))
 
 
 def last_summary() -> ResourceSummary | None:
     """The ResourceSummary of the last monitored cell (None before any)."""
     return SESSION.last
-
-
-def cell_record(record: CellRecord, monitor: Monitor | None) -> Record:
-    """The static record of one cell: its summary table, the timeline's
-    legend in it, and the timeline picture (None for fewer than two samples)."""
-    s, status = record.summary, record.status
-    title = "nbmon" + (f" · {record.label}" if record.label else "")
-    if status != "ok":
-        title += f" · {status}"
-    timeline = None
-    if monitor is not None and s.num_samples > 1:
-        timeline = record_timeline(monitor.store, record.stats, record.t_open)
-    rows = s.rows() + ([timeline.legend] if timeline is not None else [])
-    return Record(html_table(title, rows, status=status), text_table(title, rows), timeline)
-
-
-def one_line(record: CellRecord) -> str:
-    """Auto mode's line for a cell: its duration, then the headline
-    metrics (``catalog.headlines()``) by the statistic each summarises a
-    window with (the mean CPU, the peak memory), and how it ended unless ok."""
-    figures = record.summary.figures
-    values = {m.name: figures[key] for m in catalog.headlines()
-              if figures.get(key := catalog.figure_key(m.summary, m.name)) is not None}
-    parts = [f"nbmon: {fmt(record.duration_sec, 's')}", headline(values)]
-    if record.status != "ok":
-        parts.append(record.status)
-    return " · ".join(part for part in parts if part)

@@ -26,9 +26,7 @@ import os
 import resource
 import threading
 
-# nbmon's own helper processes (the process backend's sampler): never part of
-# a watched tree, though they are children of the process they watch.
-EXCLUDED: set[int] = set()
+from ..launch import EXCLUDED  # noqa: F401  (nbmon's helpers: never part of a watched tree)
 
 BUFFER_SIZE = 65536  # a children list of a few thousand pids fits
 CHILDREN_SIZE = 1 << 20   # a children list: ~150,000 pids

@@ -1,0 +1,397 @@
+"""The notebook's session, wherever it runs: its monitor, the cells' history,
+the live views, the memory warning and the black box.
+
+:class:`SessionHost` runs in a helper process by default
+(:mod:`nbmon.notebook.serve`, driven through :mod:`nbmon.notebook.remote`),
+so that the kernel holds none of it: no numpy, plotly, widgets or history
+for its cyclic garbage collector to walk on every full collection, no
+sampler thread to share its GIL with. With ``--backend thread`` it runs in
+the kernel itself. Either way the kernel talks to it in plain data: options
+as dicts, summaries as ``ResourceSummary.to_dict()``, outputs as
+mimebundles (``{"data": ..., "metadata": ...}``) the kernel displays, with
+display ids the host updates later through its ``outlet``:
+``outlet.update(display_id, bundle)`` re-sends an output,
+``outlet.say(text)`` prints a line in the running cell. Widgets (the live
+chart, a cell's meter) are made here; their comms reach the page through
+whatever ``comm.create_comm`` is (ipykernel's in the kernel, a pipe to the
+kernel in the helper).
+
+Sampling paces itself: every ``interval`` while a cell runs, every
+:data:`REST_S` between cells (the kernel's cell hooks say which), so an
+open dashboard costs next to nothing while nothing runs.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+from .. import catalog, postmortem
+from ..blackbox import SLOTS, BlackBox, CellNote
+from ..engine import Monitor
+from ..format import fmt, printable
+from ..memwarn import MemoryWatch
+from ..options import Options
+from ..render import html_table, text_table
+from ..senders import open_streams
+from ..store import BUCKET, Store
+from ..summary import ResourceSummary, headline
+from ..tables import CellRecord
+from ..values import NAN
+from .charts import Record, record_timeline
+
+MAX_RECORDS = 10_000   # cells the history keeps: the oldest go first
+REST_S = 1.0           # seconds between samples while no cell runs
+
+
+def bundle(output) -> dict:
+    """An output as plain data: what its ``_repr_mimebundle_`` gives (a
+    widget's: its data alone), else its HTML and text (a ResourceSummary)."""
+    if not hasattr(output, "_repr_mimebundle_"):
+        return {"data": {"text/html": output._repr_html_(), "text/plain": str(output)}, "metadata": {}}
+    got = output._repr_mimebundle_()
+    data, metadata = got if isinstance(got, tuple) else (got, {})
+    return {"data": data, "metadata": metadata or {}}
+
+
+class _Handle:
+    """What a live view updates its displayed record through (IPython's
+    DisplayHandle's ``update``): the host's outlet, by display id."""
+
+    def __init__(self, outlet, display_id: str):
+        self.outlet, self.display_id = outlet, display_id
+
+    def update(self, output) -> None:
+        self.outlet.update(self.display_id, bundle(output))
+
+
+class _OpenCell:
+    """A monitored cell while it runs: its record, its span, its meter."""
+
+    def __init__(self, record: CellRecord, span, min_duration_s: float):
+        self.record, self.span, self.min_duration_s = record, span, min_duration_s
+        self.meter = self.feed = None
+
+
+class SessionHost:
+    """The session of one kernel (``pid``). ``outlet`` carries what the host
+    sends on its own (display updates, warnings); ``kernel``: the outputs
+    are in a kernel's front end, where updates replace them in place (a
+    terminal prints each update anew: there a record is shown once, and
+    replaced at stop only)."""
+
+    def __init__(self, pid: int, outlet, *, kernel: bool):
+        self.pid, self.outlet, self.kernel = pid, outlet, kernel
+        self.monitor: Monitor | None = None
+        self.records: list[CellRecord] = []
+        self.last: ResourceSummary | None = None
+        self.note = CellNote()   # the running cell, for the black box and the memory warning
+        self.bands: list[dict] = []   # cell executions while a dashboard shows
+        self.views: list[tuple] = []   # (Dashboard, table display id, picture display id)
+        self._cells: dict[int, _OpenCell] = {}
+        self._tokens = 0
+        self._owner = ""   # what started the monitor: "auto" stops it with auto mode
+        self._unstarted = False   # the newest view's monitor waits for view_start()
+
+    # -- start-up -----------------------------------------------------------------
+    def hello(self) -> dict:
+        """At ``%load_ext``: the post-mortem of this notebook's last kernel if it
+        died unseen (its outputs), and any problem reading it."""
+        try:
+            death, problem = postmortem.claim()
+            record = death_record(death) if death is not None else None
+        except Exception as err:  # noqa: BLE001 - never let a post-mortem stop the extension loading
+            record, problem = None, f"{type(err).__name__}: {err}"
+        outputs = []
+        if record is not None:
+            outputs.append(bundle(record.table()))
+            if record.timeline is not None:
+                outputs.append(bundle(record.picture()))
+        return {"outputs": outputs, "problem": problem}
+
+    # -- the monitor --------------------------------------------------------------
+    def _monitor(self, options: dict | None, owner: str) -> tuple[Monitor, bool]:
+        """The running monitor, or a new one with ``options`` (not started
+        yet), with its memory warning and black box; True if made here."""
+        if self.monitor is not None and self.monitor.running:
+            return self.monitor, False
+        # Sampled from a thread of the host's process: the helper is the
+        # process no GIL-held call of the kernel's can stall.
+        monitor = Monitor(self.pid, options=Options.of(Options(**options) if options else None, backend="thread"))
+        watch_kernel(monitor, self.note, self.outlet.say)
+        self.monitor, self._owner = monitor, owner
+        return monitor, True
+
+    def _run(self, monitor: Monitor) -> None:
+        monitor.start()
+        monitor.rest(not self.note.running(), REST_S)
+
+    def _ensure(self, options: dict | None, owner: str = "") -> bool:
+        """Start the session's monitor with ``options`` unless one runs; True if this call did."""
+        monitor, made = self._monitor(options, owner)
+        if made:
+            self._run(monitor)
+        return made
+
+    def start(self, options: dict | None = None, outputs: dict | None = None, force: bool = False,
+              owner: str = "") -> dict:
+        """The session's monitor, started with ``options`` if none runs;
+        every sample streamed to the files ``outputs`` names ({sink: path},
+        refused before anything starts if one exists and not ``force``)."""
+        streams = open_streams(outputs or {}, force, "pass overwrite=True to replace it")
+        made = self._ensure(options, owner)
+        for stream in streams:
+            self.monitor.attach(stream)
+        return {"made": made, **self.info()}
+
+    def info(self) -> dict:
+        """The monitor's state, the live views shown, and the host's own
+        threads (in the helper, they are not the kernel's to list)."""
+        import threading
+
+        monitor = self.monitor
+        out = {"running": False, "views": len(self.views), "open_cells": len(self._cells),
+               "charts": sum(view.widget is not None for view, *_ in self.views),   # views whose chart is built
+               "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("nbmon-"))}
+        if monitor is not None:
+            out.update(running=monitor.running, interval=monitor.interval, pid=monitor.pid, peaks=monitor.peaks,
+                       gpu_state=monitor.gpu_state, gpu_count=monitor.gpu_count,
+                       samples=monitor.store.seq if monitor.store is not None else 0)
+        return out
+
+    def stop(self) -> dict:
+        """Stop the monitor; each live view becomes its static record (its
+        final outputs, by display id) and the run's summary is shown."""
+        summary = None
+        for token in list(self._cells):   # opened for a cell whose end never came (its kernel gave up waiting)
+            self.cell_close(token, "interrupted")
+        if self.monitor is not None:
+            self.monitor.stop()
+            summary = self.monitor.summary()
+        finals = []
+        for view, table_id, picture_id in self.views:
+            final = view.close()   # not just freeze(): an open widget stays in ipywidgets' registry
+            finals.append({"ids": [table_id, picture_id], "table": bundle(final.table()),
+                           "picture": bundle(final.picture())})
+        self.views.clear()
+        self.bands.clear()
+        self._owner = ""
+        return {"views": finals, "summary": bundle(summary) if summary is not None else None,
+                "run": summary.to_dict() if summary is not None else None}
+
+    def stop_auto(self) -> dict | None:
+        """Auto mode ended: the monitor stops if auto mode started it and no view shows it."""
+        if self._owner == "auto" and not self.views and self.monitor is not None:
+            self.monitor.stop()
+            self._owner = ""
+        return None
+
+    def summary(self) -> dict | None:
+        return self.monitor.summary().to_dict() if self.monitor is not None else None
+
+    def status(self, auto: bool) -> str:
+        monitor = self.monitor
+        if monitor is None:
+            return "nbmon: not started (%resmon to start)"
+        lines = [f"nbmon: {'running' if monitor.running else 'stopped'}, every {monitor.interval:g} s "
+                 f"(every {REST_S:g} s between cells), "
+                 f"{monitor.store.seq if monitor.store is not None else 0} samples, pid {monitor.pid}",
+                 f"peaks: {monitor.peaks}",
+                 f"GPU: {monitor.gpu_state}",
+                 f"auto: {'on' if auto else 'off'}",
+                 f"cells in history: {len(self.records)}"]
+        for fault in monitor.faults.values():   # errors in their own words: from anywhere
+            lines.append(printable(f"fault: {fault.source} failed {fault.count} time(s), first: {fault.first_error}"))
+        return "\n".join(lines)
+
+    # -- cells --------------------------------------------------------------------
+    def cell_started(self, number: int | None, label: str) -> None:
+        """The kernel's pre_run_cell (``label``: the cell's first line): the
+        black box names it, the dashboards band it, the monitor samples at
+        its interval until it ends."""
+        self.note.started(number, label)
+        if self.monitor is not None:
+            self.monitor.rest(False)
+            if self.views:
+                from .dashboard import keep_cells
+
+                now = self.monitor.clock()
+                keep_cells(self.bands, now, max(view.window_s for view, *_ in self.views))
+                self.bands.append({"id": uuid.uuid4().hex[:12], "n": number, "label": label, "t0": now, "t1": None})
+
+    def cell_finished(self, number: int | None) -> None:
+        self.note.finished()
+        monitor = self.monitor
+        if monitor is None:
+            return
+        if self.bands and self.bands[-1]["t1"] is None:
+            band = self.bands[-1]
+            band["t1"] = monitor.clock()
+            band["n"] = number if number is not None else band["n"]
+            labelled = [r for r in self.records[-1:] if r.label and r.t_open >= band["t0"]]
+            if labelled:
+                band["label"] = labelled[0].label
+        for view, *_ in self.views:
+            view.cell_ended()
+        monitor.rest(True)
+
+    def cell_open(self, options: dict | None = None, *, label: str = "", number: int | None = None,
+                  meter: bool = False, min_duration_s: float = 0.0) -> dict:
+        """A monitored cell starts: its span opens (a sample now); with
+        ``meter``, its live meter (a widget: its mimebundle to display)."""
+        self._ensure(options, "cell")
+        self.monitor.rest(False)
+        shown = None
+        if meter:   # made before the span opens: its making is not the cell's
+            from .meter import Meter
+
+            shown = Meter(label=label or f"cell {number}")
+        span = self.monitor.window()
+        record = CellRecord(number, label, start_time=time.time(), t_open=span.t_open)
+        self._tokens += 1
+        cell = self._cells[self._tokens] = _OpenCell(record, span, min_duration_s)
+        if shown is not None:
+            from .meter import MeterFeed
+
+            cell.meter, cell.feed = shown, MeterFeed(shown, self.monitor)
+        return {"token": self._tokens, "t_open": span.t_open, "start_time": record.start_time,
+                "meter": bundle(shown) if shown is not None else None}
+
+    def cell_close(self, token: int, status: str = "ok", *, show: str = "", extra_html: str = "",
+                   number: int | None = None) -> dict:
+        """A monitored cell ended with ``status``: its summary (a dict), and
+        for ``show`` "record" its record's outputs (``extra_html`` added to
+        the table), for "line" auto mode's line; kept in the history unless
+        shorter than the cell's ``min_duration_s``."""
+        cell = self._cells.pop(token)
+        if not self._cells and not self.note.running():   # run outside the cell hooks (run_cell_magic)
+            self.monitor.rest(True)
+        record = cell.record
+        record.status = status
+        if number is not None:   # auto mode's cells: the prompt number as the front end got it
+            record.execution_count = number
+        record.summary = cell.span.close()
+        record.stats = cell.span.window.stats()
+        if cell.feed is not None:
+            cell.feed.finish("done" if status == "ok" else status)
+            cell.meter.close()
+        kept = not record.summary.duration_sec < cell.min_duration_s
+        if kept:
+            self._keep(record)
+            self.last = record.summary
+        out = {"summary": record.summary.to_dict(), "kept": kept}
+        if show == "record":
+            shown = cell_record(record, self.monitor)
+            out["table"] = {"data": {"text/html": shown.html + extra_html, "text/plain": shown.text},
+                            "metadata": {}}
+            out["picture"] = bundle(shown.picture()) if shown.timeline is not None else None
+        elif show == "line" and kept:
+            out["line"] = one_line(record)
+        return out
+
+    def _keep(self, record: CellRecord) -> None:
+        if self.records:
+            self.records[-1].stats = None   # a column of statistics per metric: the newest cell's only
+        self.records.append(record)
+        del self.records[:-MAX_RECORDS]
+
+    def history(self) -> list[dict]:
+        """The history's rows: each cell's fields and its summary as a dict."""
+        return [{"execution_count": r.execution_count, "label": r.label, "start_time": r.start_time,
+                 "t_open": r.t_open, "status": r.status, "summary": r.summary.to_dict()} for r in self.records]
+
+    def samples(self) -> dict:
+        """Every sample the store holds: its columns, and t, wall and each
+        column as float64 ``buffers``."""
+        store = self.monitor.store if self.monitor is not None else None
+        if store is None:
+            return {"columns": []}
+        t, wall, values = store.series()
+        return {"columns": list(values),
+                "buffers": [t.tobytes(), wall.tobytes(), *(column.tobytes() for column in values.values())]}
+
+    # -- live views -----------------------------------------------------------------
+    def view_open(self, options: dict | None = None, window_s: float = 600.0) -> dict:
+        """A live dashboard of the session's monitor (made, not started,
+        if none runs): its record's outputs to display now, with the display
+        ids its updates use; :meth:`view_start` then starts both."""
+        from .dashboard import Dashboard
+
+        monitor, self._unstarted = self._monitor(options, "view")
+        view = Dashboard(monitor, window_s=window_s, cells=self.bands, build=False, start=False)
+        table_id, picture_id = uuid.uuid4().hex, uuid.uuid4().hex
+        if self.kernel:
+            view.handle, view.picture_handle = _Handle(self.outlet, table_id), _Handle(self.outlet, picture_id)
+        self.views.append((view, table_id, picture_id))
+        return {"ids": [table_id, picture_id], "table": bundle(view), "picture": bundle(view.picture())}
+
+    def view_start(self) -> None:
+        """Start the newest view, and the monitor it was made for."""
+        if self.kernel:
+            from .live import push_bundle
+
+            push_bundle()   # plotly's bundle to the page now: it imports it while the run starts
+        if self._unstarted:
+            self._unstarted = False
+            self._run(self.monitor)
+        self.views[-1][0].start()
+
+    def close(self) -> None:
+        """The kernel exits (or unloads nbmon, after :meth:`stop`): the
+        threads stop and the monitor's run ends (its black box goes with it).
+        Nothing is said to the page: a chart left open there is marked no
+        longer live, as it would be were the session in the kernel."""
+        for view, *_ in self.views:
+            view.stop()
+        if self.monitor is not None:
+            self.monitor.stop()
+
+
+def watch_kernel(monitor: Monitor, note: CellNote, say=None) -> None:
+    """Give ``monitor`` (not started yet) the kernel's memory warning (its
+    lines to ``say``) and black box (``note`` names the running cell)."""
+    watch = MemoryWatch(monitor.pid, monitor.options.memory_warning_percent, say=say, running_cell=note.running)
+    monitor.attach(watch)   # first: the box reads what it has just read
+    monitor.attach(BlackBox(note, watch, pid=monitor.pid))
+
+
+def cell_record(record: CellRecord, monitor: Monitor | None) -> Record:
+    """The static record of one cell: its summary table, the timeline's
+    legend in it, and the timeline picture (None for fewer than two samples)."""
+    s, status = record.summary, record.status
+    title = "nbmon" + (f" · {record.label}" if record.label else "")
+    if status != "ok":
+        title += f" · {status}"
+    timeline = None
+    if monitor is not None and s.num_samples > 1:
+        timeline = record_timeline(monitor.store, record.stats, record.t_open)
+    rows = s.rows() + ([timeline.legend] if timeline is not None else [])
+    return Record(html_table(title, rows, status=status), text_table(title, rows), timeline)
+
+
+def one_line(record: CellRecord) -> str:
+    """Auto mode's line for a cell: its duration, then the headline
+    metrics (``catalog.headlines()``) by the statistic each summarises a
+    window with (the mean CPU, the peak memory), and how it ended unless ok."""
+    figures = record.summary.figures
+    values = {m.name: figures[key] for m in catalog.headlines()
+              if figures.get(key := catalog.figure_key(m.summary, m.name)) is not None}
+    parts = [f"nbmon: {fmt(record.duration_sec, 's')}", headline(values)]
+    if record.status != "ok":
+        parts.append(record.status)
+    return " · ".join(part for part in parts if part)
+
+
+def death_record(death: postmortem.Death) -> Record:
+    """The post-mortem as a record like a ``%%resmon`` cell's: the table, the
+    timeline's legend in it, and the timeline of the box's last minute (its
+    records, in a store of their own)."""
+    columns = list(dict.fromkeys(name for _, values in death.records for name in values))
+    timeline = None
+    if columns:
+        store = Store(columns, max_bytes=8 * max(SLOTS, 8 * BUCKET) * (len(columns) + 2))
+        window = store.open_window()
+        for wall, values in death.records:
+            store.append(wall, wall, [values.get(c, NAN) for c in columns])
+        timeline = record_timeline(store, window.stats())
+    title, rows = death.title(), death.rows() + ([timeline.legend] if timeline is not None else [])
+    return Record(html_table(title, rows, status="failed"), text_table(title, rows), timeline)

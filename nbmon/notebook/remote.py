@@ -1,0 +1,304 @@
+"""The kernel's side of the session host in a helper process
+(:mod:`nbmon.notebook.serve`): :class:`RemoteHost`, and the pipe's frames.
+
+The kernel keeps only this: a pipe each way and one relay thread
+(``nbmon-relay``). A call (:meth:`RemoteHost.call`) is a request frame and
+waits, bounded, for its reply; the cell hooks' notes go one way. The helper
+sends, in order, replies and what the host does on its own: a widget's
+comm traffic (opened, sent to, closed: the relay makes each a comm of the
+kernel's with the same id, and sends the page's messages back), display
+updates by display id, and lines for the running cell. Nothing the helper
+sends is executed: a frame is data for a comm, a display or a print.
+
+A frame is ``kind (1 byte) + length (u32) + payload``; a payload is a JSON
+head (u32 length first) and binary buffers (each u32 length first). The
+helper exits when its stdin closes: told to by ``bye`` (the kernel exits
+normally: the black box goes), or not (the kernel died: the box stays for
+the post-mortem), and when its parent is gone.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import struct
+import threading
+import weakref
+
+from ..launch import EXCLUDED, spawn
+
+_FRAME = struct.Struct("<cI")
+_PART = struct.Struct("<I")
+MAX_FRAME = 256 << 20         # plotly's bundle is ~5 MB; anything this large is a broken pipe
+START_TIMEOUT_S = 30.0        # the helper's imports, on a loaded machine
+CALL_TIMEOUT_S = 10.0
+# What the helper imports: found where this process finds them (nbmon.launch).
+IMPORTS = ("nbmon", "numpy", "psutil", "pynvml", "traitlets", "comm", "ipywidgets", "anywidget", "plotly",
+           "_plotly_utils", "IPython", "pandas")
+# What the kernel may ask of the host (nbmon.notebook.host.SessionHost's methods), and tell it.
+CALLS = frozenset({"hello", "start", "info", "stop", "stop_auto", "summary", "status", "cell_open", "cell_close",
+                   "history", "samples", "view_open", "view_start"})
+NOTES = frozenset({"cell_started", "cell_finished"})
+_hosts: "weakref.WeakSet[RemoteHost]" = weakref.WeakSet()
+
+
+class HostError(RuntimeError):
+    """The session host did not answer (gone, stuck), or its call failed: one sentence."""
+
+
+def pack(kind: bytes, head, buffers=()) -> bytes:
+    text = json.dumps(head, separators=(",", ":")).encode()
+    parts = [_PART.pack(len(text)), text]
+    for buffer in buffers:
+        data = memoryview(buffer).cast("B")   # numpy's buffers count items, not bytes
+        parts += [_PART.pack(data.nbytes), data]
+    payload = b"".join(parts)
+    return _FRAME.pack(kind, len(payload)) + payload
+
+
+def unpack(payload: bytes) -> tuple[object, list[bytes]]:
+    view = memoryview(payload)
+    (size,), at = _PART.unpack_from(view), _PART.size
+    head = json.loads(bytes(view[at:at + size]))
+    at += size
+    buffers = []
+    while at < len(view):
+        (size,) = _PART.unpack_from(view, at)
+        at += _PART.size
+        buffers.append(bytes(view[at:at + size]))
+        at += size
+    return head, buffers
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class Reader:
+    """Frames from a pipe: :meth:`read` returns (kind, head, buffers), or
+    None at its end (or at a frame no sender of ours would make)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._buffer = bytearray()
+
+    def buffered(self) -> bool:
+        """Whether a whole frame is here already (read() will not block)."""
+        if len(self._buffer) < _FRAME.size:
+            return False
+        return len(self._buffer) >= _FRAME.size + _FRAME.unpack_from(self._buffer)[1]
+
+    def read(self):
+        while True:
+            if len(self._buffer) >= _FRAME.size:
+                kind, size = _FRAME.unpack_from(self._buffer)
+                if size > MAX_FRAME:
+                    return None
+                if len(self._buffer) >= _FRAME.size + size:
+                    payload = bytes(self._buffer[_FRAME.size:_FRAME.size + size])
+                    del self._buffer[:_FRAME.size + size]
+                    return (kind, *unpack(payload))
+            try:
+                chunk = os.read(self.fd, 1 << 20)   # blocks without the GIL
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            self._buffer += chunk
+
+
+class _Call:
+    __slots__ = ("done", "reply")
+
+    def __init__(self):
+        self.done, self.reply = threading.Event(), None
+
+
+class RemoteHost:
+    """The session host (:class:`nbmon.notebook.host.SessionHost`) of kernel
+    ``pid``, run in a helper process; its methods are called by name
+    (``host.cell_open(...)``) and answer plain data, or raise
+    :class:`HostError`. ``outlet`` shows what the host sends on its own
+    (``update(display_id, bundle)``, ``say(text)``)."""
+
+    REMOTE = True
+
+    def __init__(self, pid: int, outlet, *, kernel: bool):
+        self.outlet = outlet
+        self.proc = spawn("nbmon.notebook.serve:main", [str(pid), str(os.getpid()), "1" if kernel else "0"], IMPORTS)
+        EXCLUDED.add(self.proc.pid)
+        self.pid = self.proc.pid
+        self._out = self.proc.stdin.fileno()
+        self._reader = Reader(self.proc.stdout.fileno())
+        self._send_lock = threading.Lock()
+        self._calls: dict[int, _Call] = {}
+        self._next = 0
+        self._comms: dict[str, object] = {}
+        self.gone: str | None = None   # why the helper can no longer be asked, once it cannot
+        self._thread = threading.Thread(target=self._relay, name="nbmon-relay", daemon=True)
+        self._thread.start()
+        _hosts.add(self)
+
+    # -- calls ----------------------------------------------------------------------
+    def call(self, method: str, *args, timeout: float | None = None, **kwargs):
+        """``method(*args, **kwargs)`` on the host; its value, or HostError
+        (at most ``timeout`` seconds, :data:`CALL_TIMEOUT_S` by default)."""
+        timeout = CALL_TIMEOUT_S if timeout is None else timeout
+        with self._send_lock:
+            if self.gone:
+                raise HostError(self.gone)
+            self._next += 1
+            ident, call = self._next, _Call()
+            self._calls[ident] = call
+            try:
+                write_all(self._out, pack(b"Q", {"id": ident, "method": method, "args": args, "kwargs": kwargs}))
+            except OSError as err:
+                self._calls.pop(ident, None)
+                raise HostError(f"the helper process cannot be reached ({err.strerror})") from None
+        if not call.done.wait(timeout):
+            self._calls.pop(ident, None)
+            raise HostError(f"the helper process did not answer {method} within {timeout:g} s")
+        head, buffers = call.reply
+        if "error" in head:
+            raise HostError(head["error"])
+        value = head["value"]
+        if buffers:
+            value["buffers"] = buffers
+        return value
+
+    def __getattr__(self, method: str):
+        if method not in CALLS:
+            raise AttributeError(method)
+        return lambda *args, **kwargs: self.call(method, *args, **kwargs)
+
+    def note(self, method: str, *args) -> None:
+        """``method(*args)`` on the host, without waiting (the cell hooks: a
+        frame each way of a cell would be a round trip each)."""
+        self._send(b"N", {"method": method, "args": args})
+
+    def _send(self, kind: bytes, head, buffers=()) -> None:
+        with self._send_lock:
+            if self.gone:
+                return
+            try:
+                write_all(self._out, pack(kind, head, buffers))
+            except OSError:
+                pass   # the relay thread sees the pipe's end and says why
+
+    def bye(self) -> None:
+        """The kernel exits normally, or unloads nbmon: the host stops what it
+        runs (the black box goes with the run) and the helper exits."""
+        self._send(b"B", {})
+        with self._send_lock:
+            self.gone = self.gone or "nbmon was unloaded"
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    # -- what the helper sends ----------------------------------------------------------
+    def _relay(self) -> None:
+        try:
+            while True:
+                frame = self._reader.read()
+                if frame is None:
+                    break
+                kind, head, buffers = frame
+                try:
+                    self._dispatch(kind, head, buffers)
+                except Exception as err:  # never a traceback from this thread
+                    self.outlet.say(f"nbmon: a message from the helper process failed ({type(err).__name__}: {err})")
+        finally:
+            with self._send_lock:
+                self.gone = self.gone or "the helper process ended"
+            for call in list(self._calls.values()):
+                call.reply = ({"error": self.gone}, [])
+                call.done.set()
+            self._calls.clear()
+            for comm in self._comms.values():
+                comm.close()
+            self._comms.clear()
+            self._reap()
+
+    def _dispatch(self, kind: bytes, head, buffers: list[bytes]) -> None:
+        if kind == b"R":
+            call = self._calls.pop(head["id"], None)
+            if call is not None:
+                call.reply = (head, buffers)
+                call.done.set()
+        elif kind == b"O":
+            self._open_comm(head, buffers)
+        elif kind == b"M":
+            comm = self._comms.get(head["comm_id"])
+            if comm is not None:
+                comm.send(head.get("data"), head.get("metadata"), buffers)
+        elif kind == b"C":
+            comm = self._comms.pop(head["comm_id"], None)
+            if comm is not None:
+                comm.close(head.get("data"), head.get("metadata"))
+        elif kind == b"U":
+            self.outlet.update(head["display_id"], head["bundle"])
+        elif kind == b"P":
+            self.outlet.say(head["text"])
+
+    def _open_comm(self, head, buffers) -> None:
+        """The helper opened a widget's comm: open one of the kernel's with
+        the same id (the page knows the model by it); the page's messages
+        and close go back to the helper."""
+        import comm
+
+        ident = head["comm_id"]
+        kernel_comm = comm.create_comm(target_name=head["target_name"], data=head.get("data"),
+                                       metadata=head.get("metadata"), buffers=buffers, comm_id=ident)
+        self._comms[ident] = kernel_comm
+
+        def forward(msg) -> None:
+            self._send(b"m", {"comm_id": ident, "data": msg["content"].get("data")}, msg.get("buffers") or ())
+
+        def closed(msg) -> None:
+            self._comms.pop(ident, None)
+            self._send(b"c", {"comm_id": ident, "data": msg["content"].get("data")})
+
+        kernel_comm.on_msg(forward)
+        kernel_comm.on_close(closed)
+
+    def _reap(self) -> None:
+        try:
+            self.proc.wait(5.0)
+        except Exception:  # noqa: BLE001 - left to init, which reaps it
+            return
+        EXCLUDED.discard(self.proc.pid)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child (a DataLoader worker): not the kernel. Its copies
+        of the pipes go, so that the helper still sees the kernel's end."""
+        self.gone = "this is a forked child of the kernel"
+        self._calls.clear()
+        for fd in (self._out, self._reader.fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+@atexit.register
+def _bye_at_exit() -> None:
+    for host in list(_hosts):
+        host.bye()
+
+
+def _forget_in_child() -> None:
+    for host in list(_hosts):
+        host.after_fork_in_child()
+    _hosts.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

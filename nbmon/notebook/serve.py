@@ -1,0 +1,152 @@
+"""The helper process that hosts a kernel's session
+(:class:`nbmon.notebook.host.SessionHost`): ``python -I -c ... nbmon.notebook.serve:main
+KERNEL_PID PARENT_PID KERNEL``, started by :class:`nbmon.notebook.remote.RemoteHost`.
+
+Its main thread answers the kernel's calls one at a time, in order, and
+hands the page's comm messages to the widgets; the host's own threads (the
+sampler, the consumers, a live view's refresher, a meter's feed) send their
+frames through the same locked pipe. Widgets are the usual ones
+(ipywidgets, anywidget, plotly): ``comm.create_comm`` makes a
+:class:`PipeComm`, whose traffic the kernel relays to the page.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import threading
+
+from .remote import CALLS, NOTES, Reader, pack, write_all
+
+PARENT_CHECK_S = 1.0
+
+
+class Pipe:
+    """Frames to the kernel, from any thread."""
+
+    def __init__(self, fd: int):
+        self.fd, self.lock = fd, threading.Lock()
+
+    def send(self, kind: bytes, head, buffers=()) -> None:
+        data = pack(kind, head, buffers)
+        with self.lock:
+            write_all(self.fd, data)
+
+
+class Outlet:
+    """What the host sends on its own: display updates and lines for the running cell."""
+
+    def __init__(self, pipe: Pipe):
+        self.pipe = pipe
+
+    def update(self, display_id: str, bundle: dict) -> None:
+        self.pipe.send(b"U", {"display_id": display_id, "bundle": bundle})
+
+    def say(self, text: str) -> None:
+        self.pipe.send(b"P", {"text": text})
+
+
+def pipe_comm_class(pipe: Pipe):
+    from comm.base_comm import BaseComm
+
+    class PipeComm(BaseComm):
+        """A widget's comm whose far end is the kernel's relay."""
+
+        _kinds = {"comm_open": b"O", "comm_msg": b"M", "comm_close": b"C"}
+
+        def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys) -> None:
+            head = {"comm_id": self.comm_id, "data": data, "metadata": metadata}
+            if msg_type == "comm_open":
+                head["target_name"] = keys.get("target_name") or self.target_name
+            pipe.send(self._kinds[msg_type], head, buffers or ())
+
+    return PipeComm
+
+
+def main(argv: list[str]) -> int:
+    from ..launch import EXCLUDED
+
+    pid, parent, kernel = int(argv[0]), int(argv[1]), argv[2] == "1"
+    EXCLUDED.add(os.getpid())   # a child of the kernel it watches, never part of its tree
+    if os.getppid() != parent:   # the parent died while we started
+        return 0
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C in a terminal is for the kernel
+    import comm
+
+    from .host import SessionHost
+
+    pipe = Pipe(sys.stdout.fileno())
+    comm_class = pipe_comm_class(pipe)
+    comm.create_comm = lambda *args, **kwargs: comm_class(*args, **kwargs)
+    host = SessionHost(pid, Outlet(pipe), kernel=kernel)
+    # The first %%resmon cell's meter needs the widgets: imported now, here,
+    # while the kernel runs on (not in that cell's wait).
+    threading.Thread(target=_warm, name="nbmon-warmup", daemon=True).start()
+    reader = Reader(sys.stdin.fileno())
+    while True:
+        if not reader.buffered():
+            ready, _, _ = select.select([reader.fd], [], [], PARENT_CHECK_S)
+            if os.getppid() != parent:
+                break
+            if not ready:
+                continue
+        frame = reader.read()   # a whole frame: the kernel writes each in one go
+        if frame is None:
+            break
+        kind, head, buffers = frame
+        if kind == b"B":
+            host.close()
+            return 0
+        if kind == b"Q":
+            pipe.send(b"R", *_answer(host, head))
+        elif kind == b"N" and head.get("method") in NOTES:
+            _noted(host, head)
+        elif kind in (b"m", b"c"):
+            _from_page(kind, head, buffers)
+    # The kernel is gone without a word (killed): what it leaves, the black
+    # box above all, stays for the post-mortem; nothing is cleaned up.
+    os._exit(0)
+
+
+def _warm() -> None:
+    try:
+        from . import meter  # noqa: F401
+    except Exception:  # noqa: BLE001 - the meter's own import will say why
+        pass
+
+
+def _answer(host, head) -> tuple[dict, list]:
+    """The reply to a call: its value (a dict's "buffers" go as the frame's), or its error in one line."""
+    method = head.get("method")
+    if method not in CALLS:
+        return {"id": head.get("id"), "error": f"no such call: {method!r}"}, []
+    try:
+        value = getattr(host, method)(*head.get("args", ()), **head.get("kwargs", {}))
+    except Exception as err:  # noqa: BLE001 - said in the kernel, in one line
+        return {"id": head["id"], "error": f"{type(err).__name__}: {err}" if str(err) else type(err).__name__}, []
+    buffers = value.pop("buffers", []) if isinstance(value, dict) else []
+    return {"id": head["id"], "value": value}, buffers
+
+
+def _noted(host, head) -> None:
+    try:
+        getattr(host, head["method"])(*head.get("args", ()))
+    except Exception:  # noqa: BLE001 - a note has no one to answer; the next call will say
+        pass
+
+
+def _from_page(kind: bytes, head, buffers) -> None:
+    import comm
+
+    target = comm.get_comm_manager().comms.get(head.get("comm_id"))
+    if target is None:
+        return
+    msg = {"content": {"comm_id": head["comm_id"], "data": head.get("data")}, "buffers": buffers}
+    try:
+        if kind == b"m":
+            target.handle_msg(msg)
+        else:
+            target.handle_close(msg)
+    except Exception:  # noqa: BLE001 - a widget's handler must not end the host
+        pass

@@ -1,0 +1,66 @@
+"""A real ipykernel for tests that need one and its messages as they are:
+started by jupyter_client, one cell at a time.
+
+    with RealKernel() as kernel:
+        out = kernel.run("print(1 + 1)")   # stdout; a cell that raises raises KernelError
+        kernel.outputs                     # the last cell's display messages
+"""
+from __future__ import annotations
+
+import subprocess
+
+from jupyter_client.manager import start_new_kernel
+
+TIMEOUT_S = 180.0
+
+
+class KernelError(RuntimeError):
+    """The cell raised: its exception's name and value."""
+
+
+class RealKernel:
+    def __init__(self, env: dict | None = None):
+        self.km, self.kc = start_new_kernel(kernel_name="python3", stderr=subprocess.DEVNULL,
+                                            **({"env": env} if env is not None else {}))
+        self.pid = self.km.provisioner.process.pid
+        self.outputs: list[dict] = []   # the last cell's display_data / update_display_data contents
+        self.stderr = ""
+
+    def __enter__(self) -> "RealKernel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def run(self, code: str) -> str:
+        """Execute ``code``; its stdout. Its displays are in :attr:`outputs`, its stderr in :attr:`stderr`."""
+        msg_id = self.kc.execute(code)
+        out, err, self.outputs = [], [], []
+        error = None
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=TIMEOUT_S)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                (out if content["name"] == "stdout" else err).append(content["text"])
+            elif kind in ("display_data", "update_display_data"):
+                self.outputs.append(content)
+            elif kind == "error":
+                error = f"{content['ename']}: {content['evalue']}"
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        self.stderr = "".join(err)
+        if error is not None:
+            raise KernelError(error)
+        return "".join(out)
+
+    def value(self, expression: str):
+        """An expression's value, through its repr (literals only)."""
+        import ast
+
+        return ast.literal_eval(self.run(f"print(repr({expression}))").strip())
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)

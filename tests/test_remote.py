@@ -1,0 +1,179 @@
+"""The session in its helper process (nbmon.notebook.remote / serve): the
+pipe's frames, a real helper answering, the widgets' comm traffic relayed
+byte for byte, and a helper that dies or stops answering, which never
+reaches the user's cell."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from IPython.utils.capture import capture_output
+
+import nbmon
+from helpers import wait_until
+from nbmon.notebook import remote
+from nbmon.notebook.remote import HostError, Reader, RemoteHost, pack, unpack
+from nbmon.notebook.session import SESSION, Outlet
+
+
+def test_frames_carry_json_and_buffers_byte_for_byte():
+    x = np.arange(5, dtype=np.float64)
+    y = np.linspace(0, 1, 7, dtype=np.float32)
+    big = os.urandom(5 << 20)   # plotly's bundle is ~5 MB
+    buffers = [memoryview(x), memoryview(y), b"", big]   # numpy's count items, not bytes
+    frame = pack(b"M", {"comm_id": "c", "data": {"n": 1.5, "nan": float("nan")}}, buffers)
+    kind, size = remote._FRAME.unpack_from(frame)
+    head, got = unpack(frame[remote._FRAME.size:])
+    assert kind == b"M" and size == len(frame) - remote._FRAME.size
+    assert head["comm_id"] == "c" and head["data"]["n"] == 1.5 and head["data"]["nan"] != head["data"]["nan"]
+    assert got == [x.tobytes(), y.tobytes(), b"", big]
+
+
+def test_a_reader_joins_frames_split_anyhow_and_stops_at_a_broken_one():
+    frames = pack(b"R", {"id": 1, "value": 2}) + pack(b"P", {"text": "hi"}, [b"abc"])
+    r, w = os.pipe()
+    try:
+        reader = Reader(r)
+        for k in range(0, len(frames), 3):   # three bytes at a time
+            os.write(w, frames[k:k + 3])
+        assert reader.read() == (b"R", {"id": 1, "value": 2}, [])
+        assert reader.buffered() and reader.read() == (b"P", {"text": "hi"}, [b"abc"])
+        os.write(w, remote._FRAME.pack(b"M", remote.MAX_FRAME + 1))   # no sender of ours makes this
+        assert reader.read() is None
+        os.close(w)
+        w = None
+        assert Reader(r).read() is None   # the pipe's end
+    finally:
+        os.close(r)
+        if w is not None:
+            os.close(w)
+
+
+class Recorder(Outlet):
+    def __init__(self):
+        self.updates, self.said = [], []
+
+    def update(self, display_id, bundle):
+        self.updates.append((display_id, bundle))
+
+    def say(self, text):
+        self.said.append(text)
+
+
+@pytest.fixture
+def relayed(monkeypatch):
+    """What the relay opens and sends as the kernel's comms (here: recorded)."""
+    import comm
+    from comm.base_comm import BaseComm
+
+    got: dict[str, list] = {}
+
+    class Recording(BaseComm):
+        def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+            got.setdefault(self.comm_id, []).append((msg_type, data, [bytes(b) for b in buffers or ()]))
+
+    monkeypatch.setattr(comm, "create_comm", lambda *args, **kwargs: Recording(*args, **kwargs))
+    return got
+
+
+@pytest.fixture
+def host():
+    made = RemoteHost(os.getpid(), Recorder(), kernel=True)
+    yield made
+    made.bye()
+    wait_until(lambda: made.gone and not made._thread.is_alive(), what="the helper to end")
+
+
+def test_a_live_view_in_the_helper_reaches_the_page_through_the_kernels_comms(host, relayed):
+    """The chart's widget lives in the helper; its comm is opened here with
+    the same id, its frames arrive with their buffers whole (x float64, one
+    float32 y per stream), and a page's message goes back to the widget."""
+    view = host.view_open({"interval": 0.05, "gpu": False}, 60.0)
+    host.view_start()
+    chart = wait_until(lambda: next((cid for cid, msgs in relayed.items()
+                                     if msgs[0][1]["state"].get("_nbmon", {}).get("streams")), None),
+                       what="the chart's comm")
+    state = relayed[chart][0][1]["state"]
+    assert state["_nbmon"]["id"] in view["table"]["data"]["text/html"]   # it mounts into the record shown
+    appended = wait_until(lambda: [m for m in relayed[chart] if m[0] == "comm_msg"
+                                   and m[1].get("content", {}).get("type") == "nbmon:append"], what="a frame")
+    _, data, buffers = appended[0]
+    (group,) = data["content"]["groups"]
+    n = len(buffers[0]) // 8
+    assert n >= 1 and [len(b) for b in buffers] == [8 * n] + [4 * n] * len(group["ids"])
+    assert np.all(np.diff(np.frombuffer(buffers[0])) > 0)   # seconds, increasing
+    # The page missed plotly's bundle and asks the chart for it: the helper's widget answers.
+    before = len(relayed[chart])
+    host._send(b"m", {"comm_id": chart, "data": {"method": "custom", "content": {"type": "nbmon:bundle"}}})
+    wait_until(lambda: any(m[1].get("content", {}).get("type") == "nbmon:bundle" and len(m[2][0]) > 1 << 20
+                           for m in relayed[chart][before:]), what="the bundle, asked for")
+    finals = host.stop()["views"]
+    assert [f["ids"] for f in finals] == [view["ids"]]
+    wait_until(lambda: relayed[chart][-1][0] == "comm_close", what="the chart's comm to close")
+
+
+def test_a_helper_that_dies_is_one_sentence_and_the_cell_runs(ip):
+    """The helper killed (the OOM killer may pick it): the next %%resmon cell
+    runs unmonitored with one line on stderr, nothing raised, nothing hung."""
+    os.kill(SESSION.host.pid, signal.SIGKILL)
+    wait_until(lambda: SESSION.host.gone, what="the relay to see the helper's end")
+    with capture_output() as cap:
+        assert ip.run_cell_magic("resmon", "", "rm_k = 6 * 7\nrm_k") == 42
+    assert cap.stderr.strip().splitlines() == ["nbmon: the helper process ended"]
+
+
+def test_a_helper_that_stops_answering_never_hangs_the_cell(ip, monkeypatch):
+    monkeypatch.setattr(remote, "CALL_TIMEOUT_S", 1.0)
+    helper = SESSION.host.pid
+    os.kill(helper, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        with capture_output() as cap:
+            assert ip.run_cell_magic("resmon", "", "rm_h = 1\nrm_h + 1") == 2
+        took = time.monotonic() - began
+    finally:
+        os.kill(helper, signal.SIGCONT)
+    assert took < 5.0
+    assert cap.stderr.startswith("nbmon: the helper process did not answer cell_open within 1 s")
+
+
+def test_the_helper_goes_with_the_kernel_and_keeps_nothing_open(tmp_path):
+    """A kernel that exits normally says bye: its helper ends, with its monitor
+    and its black box; the pipes are the helper's only link."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys, time\n"
+            "from nbmon.notebook.session import SESSION\n"
+            "SESSION.connect(kernel=False)\n"
+            "SESSION.host.start({'interval': 0.05, 'gpu': False})\n"
+            "print(SESSION.host.pid, flush=True)\n"
+            "time.sleep(0.5)\n")
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    os.chmod(tmp_path, 0o700)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    helper = int(done.stdout.split()[0])
+    wait_until(lambda: not os.path.exists(f"/proc/{helper}") or _zombie(helper), what="the helper to end")
+    assert not os.listdir(tmp_path / "nbmon" / "boxes")   # a normal exit leaves no box
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_nbmon_monitor_from_a_script_is_the_helpers(session):
+    monitor = nbmon.monitor(interval=0.05, gpu=False)
+    assert session.remote and monitor.running and monitor.interval == 0.05
+    assert threading.main_thread().is_alive()
+    wait_until(lambda: session.host.info()["samples"] >= 2, what="samples")
+    summary = session.stop()
+    assert summary.num_samples >= 2 and not monitor.running
