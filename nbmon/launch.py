@@ -53,11 +53,12 @@ def import_path(names) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
-def spawn(entry: str, args: list[str], imports) -> subprocess.Popen:
+def spawn(entry: str, args: list[str], imports, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """Start ``entry`` ("package.module:function", called with ``args``, its
     return value the exit status) in an isolated interpreter that finds
-    ``imports`` where this process does; its stdin and stdout are pipes."""
+    ``imports`` where this process does; its stdin and stdout are pipes,
+    and it inherits ``pass_fds`` too."""
     return subprocess.Popen(
         [sys.executable, "-I", "-c", _BOOT, json.dumps(import_path(imports)), entry, *args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
-        close_fds=True, start_new_session=True)
+        close_fds=True, pass_fds=pass_fds, start_new_session=True)

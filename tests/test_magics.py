@@ -77,9 +77,9 @@ def test_cell_runs_in_user_namespace_and_returns_last_value(ip):
 
 def test_cell_adds_history_row_and_shows_summary_in_place_of_meter(ip):
     before = rows()
-    with capture_output() as cap:
+    with capture_output() as cap:   # long enough for its live meter to show (METER_AFTER_S)
         value = ip.run_cell_magic("resmon", "--label alloc",
-                                  "rm_buf = b'\\x01' * (100 * 2**20)\nlen(rm_buf)")
+                                  "import time\nrm_buf = b'\\x01' * (100 * 2**20)\ntime.sleep(1.0)\nlen(rm_buf)")
     assert value == 100 * MIB
 
     history = nbmon.history()
@@ -115,6 +115,15 @@ def test_cell_adds_history_row_and_shows_summary_in_place_of_meter(ip):
     assert "alloc" in html and "Peak memory" in html
     assert cap.stdout == ""
     del ip.user_ns["rm_buf"]
+
+
+def test_a_quick_cell_shows_its_record_without_a_meter(ip):
+    """A cell shorter than METER_AFTER_S pays for no live meter: its record is its first output."""
+    with capture_output() as cap:
+        assert ip.run_cell_magic("resmon", "--label quick", "6 * 7") == 42
+    (record,) = cap.outputs
+    assert not record.update and WIDGET_MIME not in record.data and "nbmon · quick" in html_of(record)
+    assert "nbmon-meter" not in thread_names()
 
 
 @pytest.mark.parametrize("option, label", [('--label "two words"', "two words"), ("--label 'cpu+memory'", "cpu+memory"),

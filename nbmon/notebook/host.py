@@ -22,6 +22,7 @@ open dashboard costs next to nothing while nothing runs.
 """
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -34,13 +35,14 @@ from ..options import Options
 from ..render import html_table, text_table
 from ..senders import open_streams
 from ..store import BUCKET, Store
-from ..summary import ResourceSummary, headline
+from ..summary import ResourceSummary, headline, summarize
 from ..tables import CellRecord
 from ..values import NAN
 from .charts import Record, record_timeline
 
 MAX_RECORDS = 10_000   # cells the history keeps: the oldest go first
 REST_S = 1.0           # seconds between samples while no cell runs
+METER_AFTER_S = 0.5    # a %%resmon cell's live meter shows once it has run this long
 
 
 def bundle(output) -> dict:
@@ -65,11 +67,13 @@ class _Handle:
 
 
 class _OpenCell:
-    """A monitored cell while it runs: its record, its span, its meter."""
+    """A monitored cell while it runs: its record, its span, its meter (and
+    the timer that shows it)."""
 
     def __init__(self, record: CellRecord, span, min_duration_s: float):
         self.record, self.span, self.min_duration_s = record, span, min_duration_s
-        self.meter = self.feed = None
+        self.meter = self.feed = self.timer = None
+        self.closed = False
 
 
 class SessionHost:
@@ -90,6 +94,8 @@ class SessionHost:
         self._cells: dict[int, _OpenCell] = {}
         self._tokens = 0
         self._owner = ""   # what started the monitor: "auto" stops it with auto mode
+        self._lock = threading.Lock()   # a cell's end, and its meter's timer
+        self.pending: list | None = None   # served from a helper: what calls left for after their answers
         self._unstarted = False   # the newest view's monitor waits for view_start()
 
     # -- start-up -----------------------------------------------------------------
@@ -236,66 +242,115 @@ class SessionHost:
 
     def cell_open(self, options: dict | None = None, *, label: str = "", number: int | None = None,
                   meter: bool = False, min_duration_s: float = 0.0) -> dict:
-        """A monitored cell starts: its span opens (a sample now); with
-        ``meter``, its live meter (a widget: its mimebundle to display)."""
+        """A monitored cell starts: its span opens (a sample now). With
+        ``meter``, a cell still running after :data:`METER_AFTER_S` gets its
+        live meter, displayed with the answer's ``meter_id`` (a quick cell
+        does not pay for one)."""
         self._ensure(options, "cell")
         self.monitor.rest(False)
-        shown = None
-        if meter:   # made before the span opens: its making is not the cell's
-            from .meter import Meter
-
-            shown = Meter(label=label or f"cell {number}")
         span = self.monitor.window()
         record = CellRecord(number, label, start_time=time.time(), t_open=span.t_open)
         self._tokens += 1
         cell = self._cells[self._tokens] = _OpenCell(record, span, min_duration_s)
-        if shown is not None:
-            from .meter import MeterFeed
+        meter_id = None
+        if meter:
+            meter_id = uuid.uuid4().hex
+            cell.timer = threading.Timer(METER_AFTER_S, self._show_meter, (cell, meter_id))
+            cell.timer.daemon = True
+            cell.timer.name = "nbmon-meter"
+            cell.timer.start()
+        return {"token": self._tokens, "t_open": span.t_open, "start_time": record.start_time, "meter_id": meter_id}
 
-            cell.meter, cell.feed = shown, MeterFeed(shown, self.monitor)
-        return {"token": self._tokens, "t_open": span.t_open, "start_time": record.start_time,
-                "meter": bundle(shown) if shown is not None else None}
+    def _show_meter(self, cell: _OpenCell, meter_id: str) -> None:
+        from .meter import Meter, MeterFeed
+
+        with self._lock:
+            if cell.closed:
+                return
+            cell.meter = Meter(label=cell.record.label or f"cell {cell.record.execution_count}")
+            cell.feed = MeterFeed(cell.meter, self.monitor)
+            self.outlet.show(meter_id, bundle(cell.meter))
 
     def cell_close(self, token: int, status: str = "ok", *, show: str = "", extra_html: str = "",
                    number: int | None = None) -> dict:
-        """A monitored cell ended with ``status``: its summary (a dict), and
-        for ``show`` "record" its record's outputs (``extra_html`` added to
-        the table), for "line" auto mode's line; kept in the history unless
-        shorter than the cell's ``min_duration_s``."""
+        """A monitored cell ended with ``status``; kept in the history unless
+        shorter than its ``min_duration_s``. The answer says whether it was
+        kept, its duration, whether its meter showed (``meter_shown``), and
+        for ``show`` "summary" its summary (a dict), for "record" that and
+        its record's outputs (``extra_html`` added to the table), for "line"
+        (a kept cell) that and auto mode's line. Otherwise its summary is
+        made once the answer is sent (:meth:`after`): a quiet cell's kernel
+        does not wait for it."""
         cell = self._cells.pop(token)
+        with self._lock:
+            cell.closed = True
+        if cell.timer is not None:
+            cell.timer.cancel()
         if not self._cells and not self.note.running():   # run outside the cell hooks (run_cell_magic)
             self.monitor.rest(True)
         record = cell.record
         record.status = status
         if number is not None:   # auto mode's cells: the prompt number as the front end got it
             record.execution_count = number
-        record.summary = cell.span.close()
-        record.stats = cell.span.window.stats()
+        if cell.span.window.closed is None:
+            self.monitor.sample_now()   # the cell's last sample
+        record.stats = cell.span.window.close()
         if cell.feed is not None:
             cell.feed.finish("done" if status == "ok" else status)
             cell.meter.close()
-        kept = not record.summary.duration_sec < cell.min_duration_s
+        kept = not record.stats.duration < cell.min_duration_s
+        out = {"kept": kept, "duration_s": record.stats.duration, "meter_shown": cell.meter is not None}
         if kept:
             self._keep(record)
-            self.last = record.summary
-        out = {"summary": record.summary.to_dict(), "kept": kept}
+        if not (show and kept or show == "summary"):
+            if kept:
+                self._later(lambda: self._summarize(record))
+            return out
+        self._summarize(record)
+        out["summary"] = record.summary.to_dict()
         if show == "record":
             shown = cell_record(record, self.monitor)
             out["table"] = {"data": {"text/html": shown.html + extra_html, "text/plain": shown.text},
                             "metadata": {}}
             out["picture"] = bundle(shown.picture()) if shown.timeline is not None else None
-        elif show == "line" and kept:
+        elif show == "line":
             out["line"] = one_line(record)
         return out
 
+    def _summarize(self, record: CellRecord) -> None:
+        if record.summary is None:
+            record.summary = summarize(record.stats)
+            if self.records and self.records[-1] is record:
+                self.last = record.summary
+
+    def _later(self, work) -> None:
+        """``work`` once the answer is sent, where the host is served from a
+        helper (:meth:`after`); at once where the caller waits anyway."""
+        if self.pending is None:
+            work()
+        else:
+            self.pending.append(work)
+
+    def after(self) -> None:
+        """Do what calls left for after their answers (cells' summaries)."""
+        while self.pending:
+            self.pending.pop(0)()
+
+    def last_summary(self) -> dict | None:
+        """The last monitored cell's summary (None before any)."""
+        self.after()
+        return self.last.to_dict() if self.last is not None else None
+
     def _keep(self, record: CellRecord) -> None:
         if self.records:
+            self._summarize(self.records[-1])   # before its statistics go
             self.records[-1].stats = None   # a column of statistics per metric: the newest cell's only
         self.records.append(record)
         del self.records[:-MAX_RECORDS]
 
     def history(self) -> list[dict]:
         """The history's rows: each cell's fields and its summary as a dict."""
+        self.after()
         return [{"execution_count": r.execution_count, "label": r.label, "start_time": r.start_time,
                  "t_open": r.t_open, "status": r.status, "summary": r.summary.to_dict()} for r in self.records]
 

@@ -110,6 +110,9 @@ class _Outlet:
     def update(self, display_id: str, bundle: dict) -> None:
         update_display(bundle["data"], raw=True, metadata=bundle["metadata"], display_id=display_id)
 
+    def show(self, display_id: str, bundle: dict) -> None:
+        _show(bundle, display_id)
+
     def say(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
@@ -267,8 +270,6 @@ class ResmonMagics(Magics):
             except Exception as err:  # noqa: BLE001
                 _said(err)
             else:
-                if closed["kept"]:
-                    SESSION.last = ResourceSummary.from_dict(closed["summary"])
                 if closed.get("line"):
                     display({"text/html": f'<div class="nbmon-oneline" style="font:12px system-ui;'
                                           f'color:var(--jp-ui-font-color2, #555)">{_escape(closed["line"])}</div>',
@@ -328,7 +329,6 @@ class ResmonMagics(Magics):
         except Exception as err:  # noqa: BLE001 - the cell runs unmonitored
             _said(err)
             return self._execute(cell, number)
-        handle = _show(opened["meter"], True) if opened["meter"] is not None else None
         dask_cell, record = _dask_cell(opened, args.label, number)
         status, summary = "ok", None
         try:
@@ -344,29 +344,31 @@ class ResmonMagics(Magics):
                     raise
         finally:
             # Shown on failure too; the exception then propagates unchanged.
-            summary = self._close_cell(host, opened["token"], status, args.quiet, handle, record)
+            summary = self._close_cell(host, opened, status, args, record)
         return summary if args.output else value
 
-    def _close_cell(self, host, token: int, status: str, quiet: bool, handle, record):
+    def _close_cell(self, host, opened: dict, status: str, args, record):
+        """The cell's end: its record shown (in place of its meter, if one
+        showed), its summary returned for ``-o``."""
         extra = ""
         if record is not None:
             from ..dask import cell_html
 
             extra = cell_html(record)
+        show = "record" if not args.quiet else "summary" if args.output else ""
         try:
-            closed = host.cell_close(token, status, show="" if quiet else "record", extra_html=extra)
+            closed = host.cell_close(opened["token"], status, show=show, extra_html=extra)
         except Exception as err:  # noqa: BLE001
             _said(err)
             return None
-        SESSION.last = summary = ResourceSummary.from_dict(closed["summary"])
-        if not quiet:
-            if handle is not None:
-                handle.update(closed["table"]["data"], raw=True)   # the record replaces the live meter
+        if show == "record":
+            if closed["meter_shown"]:   # the record replaces the live meter
+                update_display(closed["table"]["data"], raw=True, display_id=opened["meter_id"])
             else:
                 _show(closed["table"])
             if closed.get("picture") is not None:
                 _show(closed["picture"])
-        return summary
+        return ResourceSummary.from_dict(closed["summary"]) if "summary" in closed else None
 
     def _execute(self, cell: str, number: int):
         """Run the cell in the user namespace; return its last expression's value."""

@@ -1,14 +1,16 @@
 """The kernel's side of the session host in a helper process
 (:mod:`nbmon.notebook.serve`): :class:`RemoteHost`, and the pipe's frames.
 
-The kernel keeps only this: a pipe each way and one relay thread
-(``nbmon-relay``). A call (:meth:`RemoteHost.call`) is a request frame and
-waits, bounded, for its reply; the cell hooks' notes go one way. The helper
-sends, in order, replies and what the host does on its own: a widget's
-comm traffic (opened, sent to, closed: the relay makes each a comm of the
-kernel's with the same id, and sends the page's messages back), display
-updates by display id, and lines for the running cell. Nothing the helper
-sends is executed: a frame is data for a comm, a display or a print.
+The kernel keeps only this: three pipes and one relay thread
+(``nbmon-relay``). A call (:meth:`RemoteHost.call`) is a request frame on
+the helper's stdin, and its caller reads the answer, bounded, from a pipe
+of answers alone (no thread to wake on the way); the cell hooks' notes go
+one way. On its stdout the helper sends, in order, what the host does on
+its own, which the relay thread carries out: a widget's comm traffic
+(opened, sent to, closed: the relay makes each a comm of the kernel's with
+the same id, and sends the page's messages back), outputs shown or updated
+by display id, and lines for the running cell. Nothing the helper sends is
+executed: a frame is data for a comm, a display or a print.
 
 A frame is ``kind (1 byte) + length (u32) + payload``; a payload is a JSON
 head (u32 length first) and binary buffers (each u32 length first). The
@@ -21,8 +23,10 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import select
 import struct
 import threading
+import time
 import weakref
 
 from ..launch import EXCLUDED, spawn
@@ -37,7 +41,7 @@ IMPORTS = ("nbmon", "numpy", "psutil", "pynvml", "traitlets", "comm", "ipywidget
            "_plotly_utils", "IPython", "pandas")
 # What the kernel may ask of the host (nbmon.notebook.host.SessionHost's methods), and tell it.
 CALLS = frozenset({"hello", "start", "info", "stop", "stop_auto", "summary", "status", "cell_open", "cell_close",
-                   "history", "samples", "view_open", "view_start"})
+                   "last_summary", "history", "samples", "view_open", "view_start"})
 NOTES = frozenset({"cell_started", "cell_finished"})
 _hosts: "weakref.WeakSet[RemoteHost]" = weakref.WeakSet()
 
@@ -109,13 +113,6 @@ class Reader:
             self._buffer += chunk
 
 
-class _Call:
-    __slots__ = ("done", "reply")
-
-    def __init__(self):
-        self.done, self.reply = threading.Event(), None
-
-
 class RemoteHost:
     """The session host (:class:`nbmon.notebook.host.SessionHost`) of kernel
     ``pid``, run in a helper process; its methods are called by name
@@ -127,13 +124,22 @@ class RemoteHost:
 
     def __init__(self, pid: int, outlet, *, kernel: bool):
         self.outlet = outlet
-        self.proc = spawn("nbmon.notebook.serve:main", [str(pid), str(os.getpid()), "1" if kernel else "0"], IMPORTS)
+        replies, answer = os.pipe()   # answers come on a pipe of their own, read by the caller
+        try:
+            self.proc = spawn("nbmon.notebook.serve:main",
+                              [str(pid), str(os.getpid()), "1" if kernel else "0", str(answer)], IMPORTS, (answer,))
+        except BaseException:
+            os.close(replies)
+            raise
+        finally:
+            os.close(answer)
         EXCLUDED.add(self.proc.pid)
         self.pid = self.proc.pid
         self._out = self.proc.stdin.fileno()
         self._reader = Reader(self.proc.stdout.fileno())
+        self._replies = Reader(replies)
         self._send_lock = threading.Lock()
-        self._calls: dict[int, _Call] = {}
+        self._call_lock = threading.Lock()   # one call at a time: its answer is the next on the pipe
         self._next = 0
         self._comms: dict[str, object] = {}
         self.gone: str | None = None   # why the helper can no longer be asked, once it cannot
@@ -146,27 +152,39 @@ class RemoteHost:
         """``method(*args, **kwargs)`` on the host; its value, or HostError
         (at most ``timeout`` seconds, :data:`CALL_TIMEOUT_S` by default)."""
         timeout = CALL_TIMEOUT_S if timeout is None else timeout
-        with self._send_lock:
-            if self.gone:
-                raise HostError(self.gone)
-            self._next += 1
-            ident, call = self._next, _Call()
-            self._calls[ident] = call
-            try:
-                write_all(self._out, pack(b"Q", {"id": ident, "method": method, "args": args, "kwargs": kwargs}))
-            except OSError as err:
-                self._calls.pop(ident, None)
-                raise HostError(f"the helper process cannot be reached ({err.strerror})") from None
-        if not call.done.wait(timeout):
-            self._calls.pop(ident, None)
-            raise HostError(f"the helper process did not answer {method} within {timeout:g} s")
-        head, buffers = call.reply
+        with self._call_lock:
+            with self._send_lock:
+                if self.gone:
+                    raise HostError(self.gone)
+                self._next += 1
+                ident = self._next
+                try:
+                    write_all(self._out, pack(b"Q", {"id": ident, "method": method, "args": args, "kwargs": kwargs}))
+                except OSError as err:
+                    raise HostError(f"the helper process cannot be reached ({err.strerror})") from None
+            head, buffers = self._answer(ident, method, time.monotonic() + timeout, timeout)
         if "error" in head:
             raise HostError(head["error"])
         value = head["value"]
         if buffers:
             value["buffers"] = buffers
         return value
+
+    def _answer(self, ident: int, method: str, deadline: float, timeout: float):
+        """The answer to call ``ident``, read here (no thread to wake); the
+        late answers of calls that gave up waiting are passed over."""
+        while True:
+            if not self._replies.buffered():
+                ready, _, _ = select.select([self._replies.fd], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    raise HostError(f"the helper process did not answer {method} within {timeout:g} s")
+            frame = self._replies.read()
+            if frame is None:
+                self.gone = self.gone or "the helper process ended"
+                raise HostError(self.gone)
+            _, head, buffers = frame
+            if head.get("id") == ident:
+                return head, buffers
 
     def __getattr__(self, method: str):
         if method not in CALLS:
@@ -213,22 +231,13 @@ class RemoteHost:
         finally:
             with self._send_lock:
                 self.gone = self.gone or "the helper process ended"
-            for call in list(self._calls.values()):
-                call.reply = ({"error": self.gone}, [])
-                call.done.set()
-            self._calls.clear()
             for comm in self._comms.values():
                 comm.close()
             self._comms.clear()
             self._reap()
 
     def _dispatch(self, kind: bytes, head, buffers: list[bytes]) -> None:
-        if kind == b"R":
-            call = self._calls.pop(head["id"], None)
-            if call is not None:
-                call.reply = (head, buffers)
-                call.done.set()
-        elif kind == b"O":
+        if kind == b"O":
             self._open_comm(head, buffers)
         elif kind == b"M":
             comm = self._comms.get(head["comm_id"])
@@ -240,6 +249,8 @@ class RemoteHost:
                 comm.close(head.get("data"), head.get("metadata"))
         elif kind == b"U":
             self.outlet.update(head["display_id"], head["bundle"])
+        elif kind == b"D":
+            self.outlet.show(head["display_id"], head["bundle"])
         elif kind == b"P":
             self.outlet.say(head["text"])
 
@@ -270,18 +281,19 @@ class RemoteHost:
         except Exception:  # noqa: BLE001 - left to init, which reaps it
             return
         EXCLUDED.discard(self.proc.pid)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        with self._call_lock:   # not while a call still reads its answer
+            for close in (self.proc.stdin.close, self.proc.stdout.close, lambda: os.close(self._replies.fd)):
+                try:
+                    close()
+                except OSError:
+                    pass
 
     def after_fork_in_child(self) -> None:
         """In a forked child (a DataLoader worker): not the kernel. Its copies
         of the pipes go, so that the helper still sees the kernel's end."""
         self.gone = "this is a forked child of the kernel"
-        self._calls.clear()
-        for fd in (self._out, self._reader.fd):
+        self._call_lock = threading.Lock()
+        for fd in (self._out, self._reader.fd, self._replies.fd):
             try:
                 os.close(fd)
             except OSError:

@@ -35,7 +35,7 @@ class Pipe:
 
 
 class Outlet:
-    """What the host sends on its own: display updates and lines for the running cell."""
+    """What the host sends on its own: outputs shown or updated by display id, lines for the running cell."""
 
     def __init__(self, pipe: Pipe):
         self.pipe = pipe
@@ -45,6 +45,9 @@ class Outlet:
 
     def say(self, text: str) -> None:
         self.pipe.send(b"P", {"text": text})
+
+    def show(self, display_id: str, bundle: dict) -> None:
+        self.pipe.send(b"D", {"display_id": display_id, "bundle": bundle})
 
 
 def pipe_comm_class(pipe: Pipe):
@@ -67,7 +70,7 @@ def pipe_comm_class(pipe: Pipe):
 def main(argv: list[str]) -> int:
     from ..launch import EXCLUDED
 
-    pid, parent, kernel = int(argv[0]), int(argv[1]), argv[2] == "1"
+    pid, parent, kernel, answers = int(argv[0]), int(argv[1]), argv[2] == "1", Pipe(int(argv[3]))
     EXCLUDED.add(os.getpid())   # a child of the kernel it watches, never part of its tree
     if os.getppid() != parent:   # the parent died while we started
         return 0
@@ -80,6 +83,7 @@ def main(argv: list[str]) -> int:
     comm_class = pipe_comm_class(pipe)
     comm.create_comm = lambda *args, **kwargs: comm_class(*args, **kwargs)
     host = SessionHost(pid, Outlet(pipe), kernel=kernel)
+    host.pending = []   # a cell's summary is made once its kernel has its answer
     # The first %%resmon cell's meter needs the widgets: imported now, here,
     # while the kernel runs on (not in that cell's wait).
     threading.Thread(target=_warm, name="nbmon-warmup", daemon=True).start()
@@ -99,7 +103,8 @@ def main(argv: list[str]) -> int:
             host.close()
             return 0
         if kind == b"Q":
-            pipe.send(b"R", *_answer(host, head))
+            answers.send(b"R", *_answer(host, head))
+            host.after()
         elif kind == b"N" and head.get("method") in NOTES:
             _noted(host, head)
         elif kind in (b"m", b"c"):

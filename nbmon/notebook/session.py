@@ -34,17 +34,18 @@ class Outlet:
     def update(self, display_id: str, bundle: dict) -> None:
         pass
 
+    def show(self, display_id: str, bundle: dict) -> None:
+        pass
+
     def say(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
 class Session:
-    """``host``: where the session runs (None until :meth:`connect`);
-    ``last``: the last monitored cell's ResourceSummary."""
+    """``host``: where the session runs (None until :meth:`connect`)."""
 
     def __init__(self):
         self.host = None
-        self.last: ResourceSummary | None = None
         self.kernel = False     # the outputs are in a kernel's front end (not a terminal)
         self.outlet = Outlet()
         self.why_local = ""     # why the session runs in the kernel, where a helper was wanted
@@ -238,4 +239,5 @@ def samples(workers: bool = False):
 
 def last_summary() -> ResourceSummary | None:
     """The ResourceSummary of the last monitored cell (None before any)."""
-    return SESSION.last
+    got = SESSION.host.last_summary() if SESSION.host is not None else None
+    return ResourceSummary.from_dict(got) if got is not None else None

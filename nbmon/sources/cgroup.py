@@ -21,6 +21,8 @@ from ..options import SLOW_EVERY_S
 from ..values import MIB, NAN
 
 _V1_UNLIMITED = 1 << 62   # v1 writes "no limit" as a page-rounded LONG_MAX
+LIMIT_EVERY_S = 10.0      # seconds a cgroup's limits are held before they are read again
+_LIMITS: dict[tuple, tuple[float, float]] = {}   # (controller, directory, version): (read at, limit)
 
 
 def _mounts(mountinfo: str = "/proc/self/mountinfo") -> tuple[str | None, dict[str, tuple[str, str]]]:
@@ -106,9 +108,25 @@ def _ancestors(dirs: dict[str, str], controller: str):
         path = parent
 
 
+def _held(what: str, dirs: dict[str, str], read) -> float:
+    """``read()``, read again only every LIMIT_EVERY_S per cgroup: a limit
+    hardly ever changes, and its walk up the hierarchy (two files a level)
+    would be most of a cell boundary's sample."""
+    key = (what, dirs.get(what), dirs.get(what + "_version"))
+    now = time.monotonic()
+    held = _LIMITS.get(key)
+    if held is None or now - held[0] >= LIMIT_EVERY_S:
+        held = _LIMITS[key] = (now, read())
+    return held[1]
+
+
 def cpu_limit(dirs: dict[str, str]) -> float:
     """The CPU quota in CPUs (quota / period; the smallest along the
-    hierarchy), NaN when there is none."""
+    hierarchy), NaN when there is none (read every LIMIT_EVERY_S)."""
+    return _held("cpu", dirs, lambda: _cpu_limit(dirs))
+
+
+def _cpu_limit(dirs: dict[str, str]) -> float:
     quotas = []
     for directory in _ancestors(dirs, "cpu"):
         if dirs.get("cpu_version") == "2":
@@ -163,10 +181,13 @@ class Cgroup:
         return _number(_read(os.path.join(directory, name))) if directory else NAN
 
     def _memory_limit(self) -> float:
-        name = "memory.max" if self._v2("memory") else "memory.limit_in_bytes"
-        limits = [_number(_read(os.path.join(d, name))) for d in _ancestors(self.dirs, "memory")]
-        limits = [x for x in limits if x == x and x < _V1_UNLIMITED]  # "max" parses as NaN
-        return min(limits) if limits else NAN
+        def read() -> float:
+            name = "memory.max" if self._v2("memory") else "memory.limit_in_bytes"
+            limits = [_number(_read(os.path.join(d, name))) for d in _ancestors(self.dirs, "memory")]
+            limits = [x for x in limits if x == x and x < _V1_UNLIMITED]  # "max" parses as NaN
+            return min(limits) if limits else NAN
+
+        return _held("memory", self.dirs, read)
 
     def _oom_kills(self) -> float:
         name = "memory.events" if self._v2("memory") else "memory.oom_control"
