@@ -1,17 +1,22 @@
 """What watching costs the user's own code, measured in real kernels.
 
-    python benchmarks/bench_user_code.py [--rounds N] [--idle S] [--out benchmarks/RESULTS.md]
+    python benchmarks/bench_user_code.py [--rounds N] [--idle S] [--before DIR] [--out benchmarks/RESULTS.md]
 
 Each workload runs in kernels that differ only by nbmon (no nbmon, ``%%resmon``
 cells, ``%resmon``'s live chart, auto mode, ``nbmon.monitor()``): a fresh
-kernel for each condition, workload and round (so that no workload's imports
-change another's, and no other kernel's monitor runs meanwhile), conditions
-interleaved (each round starts one further along); each figure is the median
-over rounds of each kernel's median of RUNS runs (after a warm-up run), timed inside the kernel with ``perf_counter`` around
-the work only. Then the per-cell cost (a trivial cell, by the kernel's own
-clock: ``execute_input`` to ``execute_reply``), nbmon's footprint in the
-kernel (what ``%load_ext``, a ``%%resmon`` cell and ``%resmon`` add), and the
-idle cost of an open dashboard (the kernel's and the helper's CPU, read from
+kernel for each condition, workload and round, one at a time (so that no
+workload's imports change another's, and no other kernel's monitor runs
+meanwhile), conditions interleaved, each round starting one further along.
+A kernel's figure is the median of RUNS runs after a warm-up run, timed
+inside it with ``perf_counter`` around the work only; the table gives the
+median over rounds of each round's ratio to no nbmon (machine drift between
+rounds cancels), and the median seconds. ``--before DIR`` measures another
+checkout (its ``nbmon`` on PYTHONPATH) in the same rounds, interleaved.
+
+Then the per-cell cost (a trivial cell, by the kernel's own clock:
+``execute_input`` to ``execute_reply``), nbmon's footprint in the kernel
+(what ``%load_ext``, a ``%%resmon`` cell and ``%resmon`` add), and the idle
+cost of an open dashboard (the kernel's and its helpers' CPU, read from
 ``/proc`` by this script). The browser's share is bench_browser.py's.
 """
 from __future__ import annotations
@@ -60,11 +65,14 @@ print(len(_gc.get_objects()), _kib('/proc/self/status', 'VmRSS:'), _kib('/proc/s
 
 
 class Kernel:
-    """A real ipykernel; ``run`` executes a cell and returns its stdout and
-    the kernel's own execute_input -> execute_reply seconds."""
+    """A real ipykernel importing nbmon from ``checkout`` (None: as installed);
+    ``run`` executes a cell and returns its stdout and the kernel's own
+    execute_input -> execute_reply seconds."""
 
-    def __init__(self):
-        self.km, self.kc = start_new_kernel(kernel_name="python3", stderr=subprocess.DEVNULL)
+    def __init__(self, checkout: str | None = None):
+        env = {**os.environ, "PYTHONPATH": checkout} if checkout else None
+        self.km, self.kc = start_new_kernel(kernel_name="python3", stderr=subprocess.DEVNULL,
+                                            **({"env": env} if env else {}))
         self.pid = self.km.provisioner.process.pid
 
     def run(self, code: str) -> tuple[str, float]:
@@ -94,8 +102,7 @@ class Kernel:
 
 
 def cpu_s(pid: int) -> float:
-    """utime + stime of ``pid`` with its reaped children's, from /proc (the
-    kernel's clock ticks)."""
+    """utime + stime of ``pid`` (its reaped children's too), from /proc, in seconds."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
@@ -109,98 +116,127 @@ def children(pid: int) -> list[int]:
     return kids
 
 
-def med(values) -> str:
-    return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f})"
+def med(values, digits: int = 3) -> str:
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
 
 
-def user_code(rounds: int) -> list[str]:
-    """Only one kernel runs at a time: another's monitor would take the CPU
-    that the measured one's code runs on."""
-    times = {(cond, work): [] for cond, *_ in CONDITIONS for work in WORKLOADS}
+def rotated(items: list, r: int) -> list:
+    return items[r % len(items):] + items[:r % len(items)]
+
+
+def user_code(rounds: int, versions: dict[str, str | None]) -> list[str]:
+    times = {(v, c, w): [] for v in versions for c, *_ in CONDITIONS for w in WORKLOADS}
     for r in range(rounds):
-        for cond, setup, prefix in CONDITIONS[r % len(CONDITIONS):] + CONDITIONS[:r % len(CONDITIONS)]:
-            for work, (imports, body) in WORKLOADS.items():
-                kernel = Kernel()
-                try:
-                    kernel.run(imports + body)
-                    for cell in setup:
-                        kernel.run(cell)
-                    kernel.run(prefix + TIMED)   # warms up, uncounted
-                    runs = [float(kernel.run(prefix + TIMED)[0].split()[-1]) for _ in range(RUNS)]
-                    times[cond, work].append(statistics.median(runs))
-                finally:
-                    kernel.close()
+        for version, checkout in rotated(list(versions.items()), r):
+            for cond, setup, prefix in rotated(CONDITIONS, r):
+                for work, (imports, body) in WORKLOADS.items():
+                    kernel = Kernel(checkout)
+                    try:
+                        kernel.run(imports + body)
+                        for cell in setup:
+                            kernel.run(cell)
+                        kernel.run(prefix + TIMED)   # warms up, uncounted
+                        runs = [float(kernel.run(prefix + TIMED)[0].split()[-1]) for _ in range(RUNS)]
+                        times[version, cond, work].append(statistics.median(runs))
+                    finally:
+                        kernel.close()
         print(f"round {r + 1} of {rounds} done", file=sys.stderr)
-    lines = ["| workload | " + " | ".join(c for c, *_ in CONDITIONS) + " |", "|---" * (len(CONDITIONS) + 1) + "|"]
-    for work in WORKLOADS:
-        base = statistics.median(times["no nbmon", work])
-        cells = [f"{statistics.median(times[c, work]) / base:.3f}× ({statistics.median(times[c, work]):.3f} s)"
-                 for c, *_ in CONDITIONS]
-        lines.append(f"| {work} | " + " | ".join(cells) + " |")
+    lines = []
+    for version in versions:
+        if len(versions) > 1:
+            lines += [f"*{version}*:", ""]
+        lines += ["| workload | " + " | ".join(c for c, *_ in CONDITIONS) + " |", "|---" * (len(CONDITIONS) + 1) + "|"]
+        for work in WORKLOADS:
+            base = times[version, "no nbmon", work]
+            cells = []
+            for cond, *_ in CONDITIONS:
+                got = times[version, cond, work]
+                ratios = [t / b for t, b in zip(got, base)]   # within a round: drift cancels
+                cells.append(f"{statistics.median(ratios):.3f}× ({statistics.median(got):.3f} s)")
+            lines.append(f"| {work} | " + " | ".join(cells) + " |")
+        lines.append("")
     return lines
 
 
-def per_cell(rounds: int) -> list[str]:
-    """A trivial cell's seconds by the kernel's clock, interleaved."""
+def per_cell(rounds: int, versions: dict[str, str | None]) -> list[str]:
+    """A trivial cell's milliseconds by the kernel's clock, interleaved."""
     variants = [("no nbmon", [], "pass"), ("`%%resmon --quiet` cell", ["%load_ext nbmon"], "%%resmon --quiet\npass"),
                 ("`%%resmon` cell (record shown)", ["%load_ext nbmon"], "%%resmon\npass"),
                 ("auto mode", ["%load_ext nbmon", "%resmon auto on"], "pass")]
-    kernels = []
-    for _, setup, cell in variants:
-        kernel = Kernel()
-        for line in setup:
-            kernel.run(line)
-        kernel.run(cell)
-        kernels.append(kernel)
-    took = [[] for _ in variants]
+    kernels = {}
+    for version, checkout in versions.items():
+        for name, setup, cell in variants:
+            kernel = kernels[version, name] = Kernel(checkout)
+            for line in setup:
+                kernel.run(line)
+            kernel.run(cell)
+    took = {key: [] for key in kernels}
     try:
-        for _ in range(rounds * 5):
-            for i, (_, _, cell) in enumerate(variants):
-                took[i].append(kernels[i].run(cell)[1] * 1000)
+        for _ in range(rounds * 10):
+            for (version, name), kernel in kernels.items():
+                took[version, name].append(kernel.run(next(c for n, _, c in variants if n == name))[1] * 1000)
     finally:
-        for kernel in kernels:
+        for kernel in kernels.values():
             kernel.close()
-    base = statistics.median(took[0])
-    lines = ["| cell | ms, median (min–max) | added ms |", "|---|---|---|"]
-    for (name, *_), values in zip(variants, took):
-        lines.append(f"| {name} | {med(values)} | {statistics.median(values) - base:+.1f} |")
+    lines = ["| cell | " + " | ".join(f"{v}: ms, median (min–max) | {v}: added ms" for v in versions) + " |",
+             "|---" * (2 * len(versions) + 1) + "|"]
+    for name, *_ in variants:
+        cells = []
+        for version in versions:
+            values, base = took[version, name], statistics.median(took[version, "no nbmon"])
+            cells += [med(values, 1), f"{statistics.median(values) - base:+.1f}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 
-def footprint() -> list[str]:
+def footprint(checkout: str | None) -> list[str]:
     steps = [("a plain kernel", None), ("`%load_ext nbmon`", "%load_ext nbmon"),
              ("a `%%resmon` cell", "%%resmon --quiet\npass"), ("`%resmon` (live chart)", "%resmon"),
              ("`%resmon stop`", "%resmon stop")]
-    kernel = Kernel()
+    kernel = Kernel(checkout)
     rows, previous = [], None
     try:
         for name, cell in steps:
             if cell:
                 kernel.run(cell)
-                time.sleep(2.0)   # a chart's thread builds its widget; a helper starts
+                time.sleep(3.0)   # a chart's thread builds its widget; a helper starts
             values = [int(v) for v in kernel.run(PROBE)[0].split()]
-            objects, rss, pss, threads, fds = values
+            helpers = sum(rss_kib(p) for p in children(kernel.pid)) / 1024
             if previous is None:
-                rows.append(f"| {name} | {objects:,} | {rss / 1024:.1f} | {pss / 1024:.1f} | {threads} | {fds} |")
+                objects, rss, pss, threads, fds = values
+                rows.append(f"| {name} | {objects:,} | {rss / 1024:.1f} | {pss / 1024:.1f} | {threads} | {fds} | "
+                            f"{helpers:.1f} |")
             else:
                 d = [a - b for a, b in zip(values, previous)]
-                rows.append(f"| {name} | {d[0]:+,} | {d[1] / 1024:+.1f} | {d[2] / 1024:+.1f} | {d[3]:+d} | {d[4]:+d} |")
+                rows.append(f"| {name} | {d[0]:+,} | {d[1] / 1024:+.1f} | {d[2] / 1024:+.1f} | {d[3]:+d} | {d[4]:+d} | "
+                            f"{helpers:.1f} |")
             previous = values
     finally:
         kernel.close()
-    return ["| after | GC-tracked objects | RSS MiB | PSS MiB | threads | fds |", "|---|---|---|---|---|---|", *rows]
+    return ["| after | GC-tracked objects | RSS MiB | PSS MiB | threads | fds | helper processes' RSS MiB |",
+            "|---|---|---|---|---|---|---|", *rows]
 
 
-def idle(seconds: float) -> list[str]:
-    """CPU % of a core over ``seconds`` of an idle kernel: plain, and with
-    an open dashboard (its helper process counted apart)."""
+def rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def idle(seconds: float, versions: dict[str, str | None]) -> list[str]:
+    """CPU % of a core over ``seconds`` of an idle kernel with an open
+    dashboard, its helper processes counted apart, and of a plain kernel."""
     lines = ["| kernel | kernel % | helper % | in all % |", "|---|---|---|---|"]
-    for name, setup in (("no nbmon", []), ("`%resmon` open, between cells", ["%load_ext nbmon", "%resmon"])):
-        kernel = Kernel()
+    cases = [("no nbmon", None, [])] + [(f"`%resmon` open, between cells ({v})", c, ["%load_ext nbmon", "%resmon"])
+                                        for v, c in versions.items()]
+    for name, checkout, setup in cases:
+        kernel = Kernel(checkout)
         try:
             for cell in setup:
                 kernel.run(cell)
-            time.sleep(3.0)
+            time.sleep(5.0)   # the chart built, the first record sent
             helpers = children(kernel.pid)
             k0, h0, t0 = cpu_s(kernel.pid), sum(cpu_s(p) for p in helpers), time.monotonic()
             time.sleep(seconds)
@@ -216,27 +252,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--idle", type=float, default=60.0, help="seconds of the idle measure")
+    parser.add_argument("--before", default=None, help="another checkout to measure beside this one")
     parser.add_argument("--out", default=None, help="write the section into this RESULTS.md")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+    here = os.path.dirname(HERE)
+
+    def commit(directory: str) -> str:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=directory).stdout.strip()
+
+    versions: dict[str, str | None] = {}
+    if args.before:
+        versions[f"before ({commit(args.before)})"] = os.path.abspath(args.before)
+    versions[f"after ({commit(here)})" if args.before else "this"] = here
     lines = ["## What watching costs the user's code", "",
-             f"Commit `{commit}`, {platform.platform()}, {os.cpu_count()} CPUs, Python "
+             f"{', '.join(versions)}; {platform.platform()}, {os.cpu_count()} CPUs, Python "
              f"{platform.python_version()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. "
-             f"`python benchmarks/bench_user_code.py --rounds {args.rounds} --idle {args.idle:g}`.", "",
-             "The same workload in real kernels that differ only by nbmon, one kernel per condition and "
-             f"workload, a fresh kernel each round (one at a time), {args.rounds} rounds interleaved, timed inside the kernel around the work only: "
-             "the ratio to no nbmon, median (seconds).", ""]
-    lines += user_code(args.rounds)
-    lines += ["", "A trivial cell, by the kernel's own clock (`execute_input` to `execute_reply`, "
-              "hooks included), interleaved:", ""]
-    lines += per_cell(args.rounds)
-    lines += ["", "nbmon's footprint in the kernel: what each step adds (a plain kernel's own figures first; "
-              "objects counted after a full collection):", ""]
-    lines += footprint()
+             f"`python benchmarks/bench_user_code.py --rounds {args.rounds} --idle {args.idle:g}"
+             f"{' --before DIR' if args.before else ''}`.", "",
+             "The same workload in real kernels that differ only by nbmon: a fresh kernel per condition, "
+             f"workload and round, one at a time, {args.rounds} rounds interleaved, timed inside the kernel "
+             "around the work only: the median of each round's ratio to no nbmon (median seconds).", ""]
+    lines += user_code(args.rounds, versions)
+    lines += ["A trivial cell, by the kernel's own clock (`execute_input` to `execute_reply`, hooks included), "
+              "interleaved:", ""]
+    lines += per_cell(args.rounds, versions)
+    for version, checkout in versions.items():
+        lines += ["", f"nbmon's footprint in the kernel, {version}: what each step adds (a plain kernel's own "
+                      "figures first; objects counted after a full collection; its helper processes apart):", ""]
+        lines += footprint(checkout)
     lines += ["", f"Idle: CPU % of one core over {args.idle:g} s between cells, read from `/proc` "
               "(the browser's share: the live dashboard's section):", ""]
-    lines += idle(args.idle)
+    lines += idle(args.idle, versions)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -121,7 +121,7 @@ def notebook(ip) -> dict:
     host = SESSION.host.info()   # the session's host, in its helper process: its monitor, views and threads
     return world() | {
         "history": len(nbmon.history()),
-        "last": SESSION.last,
+        "last": nbmon.last_summary(),
         "monitor": {key: host.get(key) for key in ("running", "pid", "interval")},
         "auto": magics.auto_threshold_s,
         "dashboards": host["views"],

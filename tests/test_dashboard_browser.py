@@ -21,7 +21,10 @@ IDLE_S = 30            # the issue's window: an open dashboard, nothing running
 FIRST_OUTPUT_S = 0.5   # %resmon to its first output in the page
 KIB_PER_S = 4.0        # kernel -> browser while idle, default settings
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-CELLS = ["%load_ext nbmon", "%resmon", "total = sum(range(3 * 10**6))", "%%resmon --label labelled\ntotal + 1"]
+# Cell 3 runs long enough (~0.3 s) for its band and cell 4's to stand apart on the axis
+# of the chart's first seconds (between cells it has a point a second: its first 4 points
+# take ~4 s, and quicker neighbours share a band).
+CELLS = ["%load_ext nbmon", "%resmon", "total = sum(range(3 * 10**7))", "%%resmon --label labelled\ntotal + 1"]
 # A cell that runs until the test has seen what it needs (a file appears),
 # not for a fixed time that a slow first page load could outlast.
 WAIT_FOR = ("import pathlib, time\nt0 = time.monotonic()\n"
