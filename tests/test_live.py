@@ -260,7 +260,10 @@ def test_cells_that_ended_before_the_window_are_neither_sent_nor_kept(stopped, d
     assert len(many) == MAX_CELLS and many[-1]["id"] == str(3 * MAX_CELLS - 1)   # the newest kept
 
 
-def test_plotly_events_go_to_the_kernel_only_once_the_users_code_asks(stopped, dashboards):
+def test_plotly_events_go_to_the_kernel_only_once_the_users_code_asks(stopped, dashboards, monkeypatch):
+    from nbmon.notebook import live
+
+    monkeypatch.setattr(live, "EVENTS_EVERY_S", 0.0)   # looked for at every refresh (else every 2 s)
     d = Dashboard(stopped, start=False)
     dashboards.append(d)
     d.widget.comm = comm = RecordingComm(target_name="jupyter.widget")

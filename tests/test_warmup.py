@@ -1,8 +1,10 @@
 """nbmon's own start-up stays out of the user's cells, in a real kernel
-(nbclient): ``%load_ext nbmon`` warms plotly up in a thread, which ends
-before the next cell runs, so a monitored cell right after it reports what
-the cell did (an idle block: no CPU, no memory), and plotly's ``fig.show()``
-still works (the warm-up defers nbformat, which a FigureWidget never uses)."""
+(nbclient): ``%load_ext nbmon`` starts the session's helper process (which
+imports what the session needs there), so a monitored cell right after it
+reports what the cell did (an idle block: no CPU, no memory), and plotly's
+``fig.show()`` works as without nbmon (nbmon imports nothing of plotly's
+into the kernel; where it does, with ``--backend thread``, it defers
+nbformat, which a FigureWidget never uses)."""
 
 from __future__ import annotations
 

@@ -12,9 +12,8 @@ dotted line at its threshold (under the container's limit, or on the
 machine's axis without one), and a red note on the memory row while the
 warning holds, sent as the layout's patch when it changes.
 
-:func:`warm` pays plotly's imports ahead (``%load_ext nbmon`` starts it in a
-thread); :func:`write_html` writes a self-contained offline page of a whole
-run (the CLI's ``--html``).
+:func:`write_html` writes a self-contained offline page of a whole run (the
+CLI's ``--html``).
 """
 from __future__ import annotations
 
@@ -31,9 +30,9 @@ from ..summary import headline
 from . import live, pages
 from .charts import LIMIT_COLOR, Record, record_timeline, traces_for
 from .frames import DEFAULT_BUDGET, build_frame
-from .live import DEFAULT_REFRESH_HZ, Frame, Group, LiveView, ready
+from .live import DEFAULT_REFRESH_HZ, Frame, Group, LiveView
 
-__all__ = ["Dashboard", "THREAD_NAME", "keep_cells", "ready", "record", "record_html", "warm", "write_html"]
+__all__ = ["Dashboard", "THREAD_NAME", "keep_cells", "record", "record_html", "write_html"]
 
 THREAD_NAME = "nbmon-live"
 MAX_CELLS = 2000           # cell bands held: those the window can show, at most this many
@@ -53,13 +52,6 @@ def _columns_of(monitor) -> list[str]:
     known = store.latest_known()
     container = set(catalog.names(catalog.CGROUP))
     return [c for c in store.columns if c not in container or not math.isnan(known.get(c, math.nan))]
-
-
-def warm() -> None:
-    """Import plotly, make nbmon's FigureWidget class and a first figure
-    (plotly loads its validators on first use): ~0.2 s, once per process."""
-    live.widget_class()
-    _figure(catalog.names(catalog.TREE) + catalog.names(catalog.MACHINE), "")
 
 
 def _figure(columns, x_title: str):
@@ -198,6 +190,7 @@ class Dashboard(LiveView):
         self._t_last = -math.inf
         self._sent_cells: dict = {}
         self._memory_axes: tuple | None = None   # (x, kernel y, machine y or None) of the memory row
+        self._warning: tuple = (None, {})   # (what the memory warning's layout shows, that layout)
         if build:
             self._build()
         if start:
@@ -257,10 +250,17 @@ class Dashboard(LiveView):
 
     def _warning_layout(self) -> dict:
         """The memory warning on the memory row: a dotted line at its
-        threshold, and a note while the warning holds (nothing without one)."""
+        threshold, and a note while the warning holds (nothing without one);
+        made again only when what it shows changed."""
         watch = memwarn.attached(self.monitor)
         if watch is None or watch.percent is None or watch.level is None or self._memory_axes is None:
             return {}
+        key = (watch.percent, watch.level.kind, watch.level.limit_mb, watch.warning is not None)
+        if self._warning[0] != key:
+            self._warning = (key, self._warning_patch(watch))
+        return self._warning[1]
+
+    def _warning_patch(self, watch) -> dict:
         level, (x, kernel_y, machine_y) = watch.level, self._memory_axes
         container = level.kind == memwarn.CONTAINER
         threshold = level.limit_mb * watch.percent / 100.0

@@ -152,8 +152,6 @@ class SessionHost:
     def info(self) -> dict:
         """The monitor's state, the live views shown, and the host's own
         threads (in the helper, they are not the kernel's to list)."""
-        import threading
-
         monitor = self.monitor
         out = {"running": False, "views": len(self.views), "open_cells": len(self._cells),
                "charts": sum(view.widget is not None for view, *_ in self.views),   # views whose chart is built
@@ -165,8 +163,9 @@ class SessionHost:
         return out
 
     def stop(self) -> dict:
-        """Stop the monitor; each live view becomes its static record (its
-        final outputs, by display id) and the run's summary is shown."""
+        """Stop the monitor: each live view's final outputs (its static
+        record, by display id), and the run's summary (a bundle to show, and
+        as a dict)."""
         summary = None
         for token in list(self._cells):   # opened for a cell whose end never came (its kernel gave up waiting)
             self.cell_close(token, "interrupted")
@@ -184,12 +183,11 @@ class SessionHost:
         return {"views": finals, "summary": bundle(summary) if summary is not None else None,
                 "run": summary.to_dict() if summary is not None else None}
 
-    def stop_auto(self) -> dict | None:
+    def stop_auto(self) -> None:
         """Auto mode ended: the monitor stops if auto mode started it and no view shows it."""
         if self._owner == "auto" and not self.views and self.monitor is not None:
             self.monitor.stop()
             self._owner = ""
-        return None
 
     def summary(self) -> dict | None:
         return self.monitor.summary().to_dict() if self.monitor is not None else None

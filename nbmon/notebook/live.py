@@ -71,6 +71,7 @@ TIMELINE_SAMPLES = 3       # a record's picture needs two samples after its wind
 FIRST_SAMPLE_WAIT_S = 2.0  # a view built by its refresher waits this long for a first sample
 LOADER = (pathlib.Path(__file__).parent / "static" / "dashboard.js").read_text(encoding="utf-8")
 EVENTS = ("hover", "unhover", "click", "select", "deselect")   # plotly's trace events
+EVENTS_EVERY_S = 2.0       # how often the widget's callbacks are looked for: a walk of its whole layout
 _classes: dict[str, type] = {}
 _classes_lock = threading.Lock()
 _bundle_lock = threading.Lock()
@@ -94,11 +95,6 @@ def check_points(name: str, value) -> int:
 
 
 # -- plotly, lazily ----------------------------------------------------------------
-
-def ready() -> bool:
-    """Whether a FigureWidget can be made now without waiting for imports."""
-    return "FigureWidget" in _classes
-
 
 class _Deferred:
     """Stands for a module until an attribute of it is used, then imports it."""
@@ -320,6 +316,7 @@ class LiveView:
         self.widget = None
         self._lock = threading.RLock()
         self._events: tuple = ()    # plotly events the user's code asked for (sent to the front end)
+        self._events_at = -math.inf
         self._recorded = time.monotonic()
         self._record_due = False    # a cell ended since the record was last sent
         self._shown: Record | None = None   # the record last displayed
@@ -391,7 +388,11 @@ class LiveView:
         with self._lock:
             if self.widget is None:
                 return False
-            events = self._asked_events()
+            now = time.monotonic()
+            if now - self._events_at >= EVENTS_EVERY_S:
+                self._events_at, events = now, self._asked_events()
+            else:
+                events = self._events
             if events != self._events:
                 self._events = events
                 self.widget.send({"type": "nbmon:events", "events": list(events)})

@@ -190,7 +190,11 @@ class ResmonMagics(Magics):
         if args.subcommand == "status":
             print(self.status())
             return None
-        got = SESSION.host.summary() if SESSION.host is not None else None
+        try:
+            got = SESSION.host.summary() if SESSION.host is not None else None
+        except Exception as err:  # noqa: BLE001
+            _said(err)
+            return None
         return ResourceSummary.from_dict(got) if got is not None else None
 
     # -- line magic ------------------------------------------------------

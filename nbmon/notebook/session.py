@@ -60,12 +60,11 @@ class Session:
         notebook's last kernel, if it died."""
         self.kernel = kernel
         self.outlet = outlet or self.outlet
-        if self.host is not None:
+        if self.host is not None:   # started from a script: the notebook's outputs from now on
             self.host.outlet = self.outlet
-        if self.host is None:
-            self.host = self._new_host(backend)
-            return self.host.hello()
-        return {"outputs": [], "problem": ""}
+            return {"outputs": [], "problem": ""}
+        self.host = self._new_host(backend)
+        return self.host.hello()
 
     def _new_host(self, backend: str):
         if backend == "process":
