@@ -151,6 +151,94 @@ def test_children_found_while_out_of_descriptors_are_counted_once_there_are_some
     assert "Too many open files" in fault[1] and fault[0] >= 1, got
 
 
+# -- a monitor that cannot start ---------------------------------------------------------
+
+START_OUT_OF_DESCRIPTORS = """
+    import json, os, resource, sys, threading
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    from nbmon.engine import Monitor, StartError
+    held = []
+    while True:   # the user's code takes every descriptor but a few
+        try:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            break
+    for fd in held[len(held) - int(sys.argv[1]):]:
+        os.close(fd)
+    before, threads = sorted(os.listdir("/proc/self/fd")), threading.active_count()
+    try:
+        Monitor(interval=0.05, gpu=False, exact_peaks=True, backend=sys.argv[2]).start()
+        said = None
+    except StartError as err:
+        said = str(err)
+    print(json.dumps({"said": said, "same_fds": sorted(os.listdir("/proc/self/fd")) == before,
+                      "threads": threading.active_count() - threads}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("free", [1, 8])
+def test_a_monitor_that_cannot_start_says_so_in_one_sentence_and_leaves_nothing(free, backend):
+    """Out of descriptors (1 or 8 left of 256): one StartError, one
+    sentence, no descriptor and no thread left. Before: OSError [Errno 24]
+    Too many open files: '/proc/<pid>/stat' from deep in the sources."""
+    got = run_child(START_OUT_OF_DESCRIPTORS, free, backend)
+    said = got["said"]
+    assert said is not None and said.startswith("nbmon did not start: this process has only "), got
+    assert said.count(". ") == 0 and "\n" not in said and "(ulimit -n)" in said, got
+    assert got["same_fds"] and got["threads"] == 0, got
+
+
+def test_a_process_gone_before_the_start_is_a_start_error():
+    from helpers import free_pid
+    from nbmon.engine import Monitor, StartError
+
+    child = subprocess.Popen([PY, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    monitor = Monitor(child.pid, gpu=False)
+    child.stdin.close()
+    child.wait(30)
+    free_pid()
+    with pytest.raises(StartError, match=rf"^nbmon could not start: no process with pid {child.pid}$"):
+        monitor.start()
+    assert not monitor.running
+
+
+EXHAUST = """
+import os, resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+while True:
+    try:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
+for fd in held[-3:]:
+    os.close(fd)
+del held[-3:]
+"""
+
+
+def test_a_kernel_out_of_descriptors_runs_its_cells_and_is_told_in_one_line():
+    """A real kernel whose code took all its descriptors but three. Before,
+    ``%%resmon`` raised OSError [Errno 24] into the cell (which did not run)
+    and ``%resmon start`` aborted the kernel (SIGABRT: pyzmq could not open
+    the socket that plotly's bundle needed)."""
+    from test_postmortem import Kernel, html_of, stderr_of, stdout_of
+
+    with Kernel("descriptors.ipynb") as kernel:
+        kernel.run("%load_ext nbmon")
+        kernel.run(EXHAUST)
+        for line in ("%%resmon\nran = 'yes'", "%resmon start", "%resmon auto on", "%resmon start --backend thread"):
+            cell = kernel.run(line)   # an error output would raise here
+            said = stderr_of(cell).splitlines()
+            assert len(said) == 1 and said[0].startswith("nbmon did not start: "), cell.outputs
+            assert html_of(cell) == [], cell.outputs
+        assert stdout_of(kernel.run("print(ran)")) == "yes\n"
+        kernel.run("for fd in held:\n    os.close(fd)")
+        assert any("nbmon-summary" in h for h in html_of(kernel.run("%%resmon\nx = 1")))
+    assert kernel.process.wait(30) == 0
+
+
 # -- a full /dev/shm, a full disk ---------------------------------------------------
 
 FULL_SHM_VICTIM = """

@@ -19,6 +19,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import HTML, display
 
 from .. import dask as nbmon_dask, options as opts, senders
+from ..engine import StartError
 from ..format import printable
 from ..options import DEFAULT_WINDOW_S, MAGIC, Options, check_interval
 from . import kernel_watch
@@ -73,6 +74,10 @@ def _user_traceback(shell, err: BaseException) -> None:
         err._render_traceback_ = render
     except (AttributeError, TypeError):  # an exception type without a __dict__: its full traceback
         pass
+
+
+def _cannot_start(err: StartError) -> None:
+    print(err, file=sys.stderr)   # one sentence; the cell goes on
 
 
 def _unquote(text: str) -> str:
@@ -185,7 +190,10 @@ class ResmonMagics(Magics):
             raise UsageError(str(err)) from None
         if not hasattr(args, "backend"):
             options = Options.of(options, backend=DEFAULT_BACKEND)
-        self._start(options, window, interval_given=hasattr(args, "interval"))
+        try:
+            self._start(options, window, interval_given=hasattr(args, "interval"))
+        except StartError as err:
+            return _cannot_start(err)
         try:
             streams = senders.open_streams(outputs, args.force, senders.FORCE_HINT)
         except ValueError as err:   # made meanwhile, or the disk went
@@ -334,17 +342,22 @@ class ResmonMagics(Magics):
                     value = self._execute(cell, number)
                 except BaseException as err:
                     record.ended_with(err)   # before the Dask hook's exit copies the status
-                    if not isinstance(err, KeyboardInterrupt):
-                        _user_traceback(shell, err)
                     raise
                 finally:
                     if feed is not None:
                         feed.finish("done" if record.status == "ok" else record.status)
                         feed.meter.close()
+        except StartError as err:
+            if record is not None:   # the cell's own
+                raise
+            _cannot_start(err)
         finally:
             # Shown on failure too; the exception then propagates unchanged.
             if record is not None and record.summary is not None:
                 self._show_cell(record, handle, args.quiet)
+        if record is None:   # no monitor could start: the cell runs all the same, unwatched
+            value = self._execute(cell, number)
+            return None if args.output else value
         return record.summary if args.output else value
 
     def _show_cell(self, record, handle, quiet) -> None:
@@ -360,7 +373,16 @@ class ResmonMagics(Magics):
             display(shown.picture())
 
     def _execute(self, cell: str, number: int):
-        """Run the cell in the user namespace; return its last expression's value."""
+        """Run the cell in the user namespace; return its last expression's
+        value. What it raises is shown from the cell's own frames on."""
+        try:
+            return self._run_source(cell, number)
+        except BaseException as err:
+            if not isinstance(err, KeyboardInterrupt):
+                _user_traceback(self.shell, err)
+            raise
+
+    def _run_source(self, cell: str, number: int):
         shell = self.shell
         # Registered with the compiler's line cache so that tracebacks show the cell's own
         # lines ("Cell In[n]", n its prompt number), not a bare "<resmon-cell>"; the leading
@@ -380,11 +402,14 @@ class ResmonMagics(Magics):
               quiet: bool = False) -> None:
         events = self.shell.events
         if value == "on":
+            try:
+                _, started = SESSION.ensure_monitor(options)
+            except StartError as err:
+                return _cannot_start(err)
             if self.auto_threshold_s is None:
                 events.register("pre_run_cell", self._pre_run_cell)
                 events.register("post_run_cell", self._post_run_cell)
             self.auto_threshold_s = threshold
-            _, started = SESSION.ensure_monitor(options)
             self._auto_started_monitor = self._auto_started_monitor or started
             if not quiet:
                 print(f"nbmon: auto on, summarising cells longer than {threshold:g} s")
@@ -414,7 +439,11 @@ class ResmonMagics(Magics):
         # Cells shorter than the threshold are neither shown nor kept in the history.
         self._auto_cell = SESSION.cell(execution_count=self.shell.execution_count, keep_running=True,
                                        min_duration_s=self.auto_threshold_s or 0.0)
-        self._auto_record = self._auto_cell.__enter__()
+        try:
+            self._auto_record = self._auto_cell.__enter__()
+        except StartError as err:   # (its monitor had stopped)
+            self._auto_cell = None
+            _cannot_start(err)
 
     def _post_run_cell(self, result) -> None:
         if self._auto_cell is None:

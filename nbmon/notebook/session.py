@@ -7,7 +7,7 @@ import time
 from contextlib import contextmanager
 
 from .. import catalog
-from ..engine import Monitor
+from ..engine import Monitor, check_room
 from ..format import fmt
 from ..options import Options
 from ..render import html_table, text_table
@@ -37,6 +37,7 @@ class Session:
         says whether this call made it."""
         if self.monitor is not None and self.monitor.running:
             return self.monitor, False
+        check_room()   # StartError before anything is shown or sent (start=False: the caller starts it)
         self.monitor = Monitor(options=options)
         WATCH.attach(self.monitor)  # the memory warning and the black box (issue 20)
         if start:

@@ -150,6 +150,26 @@ def fd_budget() -> int:
     return max(0, min(MAX_KEPT_FDS, int(soft * KEPT_SHARE)))
 
 
+def free_fds() -> tuple[int, int]:
+    """(how many descriptors this process may still open, its soft
+    RLIMIT_NOFILE); (-1, -1) where that cannot be told (no limit, no fd
+    listing), none free when even listing them fails (EMFILE)."""
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return -1, -1
+    if soft == resource.RLIM_INFINITY:
+        return -1, -1
+    for listing in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return max(0, soft - len(os.listdir(listing))), soft
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return 0, soft
+    return -1, -1
+
+
 class FdBudget:
     """Counts the descriptors nbmon's sources keep open in this process;
     ``take(n)`` grants all ``n`` or none. The limit is read again at each
