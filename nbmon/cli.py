@@ -31,6 +31,7 @@ from . import options as opts, postmortem, ranks
 from .engine import Monitor
 from .format import printable
 from .options import Options, check_interval
+from .runtime import fallback_note
 from .senders import FORCE_HINT, SINKS, Ended, check_outputs, open_stream, outputs_given
 from .senders import arguments as sink_arguments
 from .sources.cgroup import OwnGroup
@@ -335,6 +336,8 @@ def _postmortem() -> int:
     if scan.problem:
         print(f"nbmon: {scan.problem}", file=sys.stderr)
         return 1
+    if fallback_note():
+        print(fallback_note(), file=sys.stderr)
     for death in found:
         print(f"{death}\n")
     if not found:

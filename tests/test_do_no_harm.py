@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -363,12 +365,10 @@ def test_boards_planted_in_dev_shm_by_another_user_change_nothing(tmp_path, othe
     os.unlink(planted + ".link")
 
 
-@pytest.mark.parametrize("plant", ["directory", "symlink"])
-def test_a_private_directory_taken_by_another_user_turns_exact_peaks_off_in_words(tmp_path, other_user,
-                                                                                  shared_dir, plant):
-    """The other user makes the victim's private directory first (its name
-    is predictable), as a directory of its own or as a symlink to one: the
-    victim refuses it, runs on with peaks read without resets, says why."""
+def take_the_private_directory(other_user, shared_dir: str, plant: str) -> None:
+    """The other user makes the victim's private directory in ``shared_dir``
+    first (its name is predictable), as a directory of its own or as a
+    symlink to one (``<shared_dir>/mine``, where nothing may be written)."""
     target = os.path.join(shared_dir, f"nbmon-{os.geteuid()}")
     other_user.python(textwrap.dedent(f"""
         import os
@@ -378,13 +378,68 @@ def test_a_private_directory_taken_by_another_user_turns_exact_peaks_off_in_word
         else:
             os.symlink({shared_dir + '/mine'!r}, {target!r})
     """))
-    victim, go = start_victim(tmp_path, env={"TMPDIR": shared_dir, "XDG_RUNTIME_DIR": ""})
+
+
+def home_place(home) -> str:
+    """The one directory nbmon made under ``home``'s .cache/nbmon (its host's)."""
+    (host,) = os.listdir(os.path.join(home, ".cache", "nbmon"))
+    return os.path.join(home, ".cache", "nbmon", host)
+
+
+@pytest.mark.parametrize("plant", ["directory", "symlink"])
+def test_a_private_directory_taken_by_another_user_is_passed_over_for_one_in_the_home(tmp_path, other_user,
+                                                                                       shared_dir, plant):
+    """The victim refuses the taken directory and keeps its boards in
+    ``~/.cache/nbmon/<host>``, made 0700: its peaks are exact all the same.
+    Before, exact peaks were off for good ("belongs to uid ...")."""
+    take_the_private_directory(other_user, shared_dir, plant)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    victim, go = start_victim(tmp_path, env={"TMPDIR": shared_dir, "XDG_RUNTIME_DIR": "", "HOME": str(home)})
     got = finish_victim(victim, go)
     assert got["started_s"] < 5, got
-    assert got["peaks"] == "high-water marks", got          # no resets without a board of its own
-    assert any("exact peaks are off" in f and ("belongs to uid" in f or "symbolic link" in f)
-               for f in got["faults"]), got
+    assert got["peaks"] == "reset" and got["faults"] == [], got
+    assert 195 <= got["peak"] < 1024, got
+    place = home_place(home)
+    assert os.path.basename(place) == socket.gethostname(), place
+    for path in (os.path.dirname(place), place, os.path.join(place, "peaks")):
+        assert stat.S_IMODE(os.lstat(path).st_mode) == 0o700, path
+    assert os.listdir(os.path.join(place, "peaks")) == []       # its board went with it
     assert os.listdir(os.path.join(shared_dir, "mine")) == []   # nothing written into the other's directory
+
+
+def test_when_the_home_is_open_to_others_too_exact_peaks_are_off_in_words(tmp_path, other_user, shared_dir):
+    take_the_private_directory(other_user, shared_dir, "directory")
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chmod(home, 0o777)
+    victim, go = start_victim(tmp_path, env={"TMPDIR": shared_dir, "XDG_RUNTIME_DIR": "", "HOME": str(home)})
+    got = finish_victim(victim, go)
+    assert got["peaks"] == "high-water marks", got
+    (fault,) = got["faults"]
+    assert "exact peaks are off" in fault and "belongs to uid" in fault and "writable by other users" in fault, got
+    assert os.listdir(home) == [], got
+
+
+def test_a_kernel_says_where_its_private_files_are_when_the_first_place_was_taken(tmp_path, other_user,
+                                                                                   shared_dir, monkeypatch):
+    """One line at ``%load_ext nbmon``; the black box is kept, in the home's place."""
+    from test_postmortem import Kernel, stderr_of
+
+    take_the_private_directory(other_user, shared_dir, "directory")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    for name, value in (("TMPDIR", shared_dir), ("HOME", str(home))):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    with Kernel("taken.ipynb") as kernel:
+        said = stderr_of(kernel.run("%load_ext nbmon")).splitlines()
+        kernel.run("%resmon auto on")
+        place = home_place(home)
+        wait_until(lambda: os.listdir(os.path.join(place, "boxes")), what="the kernel's black box")
+    assert said == [f"nbmon: {shared_dir}/nbmon-{os.geteuid()} belongs to uid {other_user.uid}, not to this user "
+                    f"(uid {os.geteuid()}); its private files are in {place} instead"], said
+    assert os.listdir(os.path.join(shared_dir, "mine")) == []
 
 
 def test_a_board_whose_lock_is_held_never_hangs_the_start(tmp_path):

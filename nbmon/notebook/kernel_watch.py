@@ -15,6 +15,7 @@ from .. import postmortem
 from ..blackbox import SLOTS, BlackBox, CellNote
 from ..memwarn import MemoryWatch
 from ..render import html_table, text_table
+from ..runtime import fallback_note
 from ..store import BUCKET, Store
 from ..values import NAN
 from .charts import Record, record_timeline
@@ -96,6 +97,8 @@ def install(shell, display) -> None:
         record, problem = None, f"{type(err).__name__}: {err}"
     if problem:
         print(f"nbmon: no post-mortem: {problem}", file=sys.stderr)
+    elif fallback_note():   # the first private place was taken: which one is used
+        print(fallback_note(), file=sys.stderr)
     if record is not None:
         display(record.table())
         if record.timeline is not None:
