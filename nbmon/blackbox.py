@@ -13,8 +13,9 @@ written in place with ``pwrite``, each part with its own CRC-32:
 
 - a header (2,048 bytes): ``NBMONBOX``, the JSON's length and CRC, and a
   JSON object saying whose box it is (pid, start time, boot, pid namespace,
-  uid), where it ran (notebook, working directory, memory cgroup) and the
-  names of the record's fields;
+  uid), where it ran (host, notebook, working directory, memory cgroup) and
+  the names of the record's fields (a notebook name too long to fit is cut,
+  and the whole name's SHA-256 kept beside it);
 - the running cell (256 bytes): CRC, change count, prompt number, running
   or not, when it started, its label;
 - a ring of 64 records, one a second: CRC, sequence number, wall time, one
@@ -32,6 +33,7 @@ page cache: a process killed at any moment leaves each part whole.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import math
 import os
@@ -58,6 +60,7 @@ CHECK_EVERY_S = 0.25       # near the warning threshold: the record rewritten th
 MAX_FIELDS = 16
 LABEL_BYTES = 200
 SUFFIX = ".box"
+NOTEBOOK_HASH = "notebook_sha256"   # in a header whose notebook name had to be cut: the whole name's
 
 _HEAD = struct.Struct("<8sII")          # magic, JSON length, JSON CRC
 _CELL = struct.Struct("<IQqBdH")        # CRC, change count, number, running, started, label length
@@ -186,13 +189,20 @@ def _crc(data: bytes) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
+def notebook_hash(name: str) -> str:
+    return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def encode_header(header: dict) -> bytes:
     room = HEADER_SIZE - _HEAD.size
     text = json.dumps(header, separators=(",", ":")).encode()
     for key in ("cwd", "notebook"):  # very long paths lose their middle, never the header its end
         if len(text) > room:
             value = header[key]
-            header = {**header, key: value[:60] + "\u2026" + value[-60:] if len(value) > 121 else value}
+            if len(value) > 121:
+                header = {**header, key: value[:60] + "\u2026" + value[-60:]}
+                if key == "notebook":   # matched by its hash from then on (postmortem)
+                    header[NOTEBOOK_HASH] = notebook_hash(value)
             text = json.dumps(header, separators=(",", ":")).encode()
     if len(text) > room:
         raise ValueError(f"a black box header of {len(text)} bytes does not fit in {room}")

@@ -222,6 +222,58 @@ def test_a_damaged_record_loses_that_record_only(boxes):
     assert again.cell == box.cell
 
 
+def test_many_stale_boxes_never_hide_the_newest_death(boxes):
+    """300 boxes of kernels that died an hour ago, named to sort before any
+    real pid's; then a kernel dies. Before, only the first 256 names were
+    read: claim() and last_death() gave a stale death, never this one."""
+    stale = _image(boxes)
+    for name in os.listdir(boxes):
+        os.unlink(boxes / name)
+    hour_ago = time.time() - 3600
+    for k in range(1, 301):
+        path = boxes / f"{k:05d}-{k}-00000000.box"
+        path.write_bytes(_with_header(stale, pid=k, started=10**15 + k))   # a start no process has
+        path.chmod(0o600)
+        os.utime(path, (hour_ago, hour_ago))
+    newest = blackbox.decode(dead_kernel(boxes).read_bytes()).header["pid"]
+    assert postmortem.last_death("").pid == newest
+    death, problem = postmortem.claim("")
+    assert problem == "" and death.pid == newest
+    # The sweep: the newest 256 read, the dead among them but the newest 16 removed; the older 45 kept a week.
+    assert len(os.listdir(boxes)) == postmortem.KEEP_DEAD + 301 - postmortem.MAX_ENTRIES
+
+
+def test_a_session_name_too_long_for_the_header_is_matched_whole(boxes, monkeypatch):
+    """Before, the name cut to fit the header matched no notebook ever again:
+    no post-mortem, and nothing said."""
+    name = "/home/someone/" + "a deeper folder/" * 160 + "train.ipynb"
+    monkeypatch.setenv("JPY_SESSION_NAME", name)
+    box = blackbox.decode(dead_kernel(boxes).read_bytes())
+    assert box.header["notebook"] != name and "\u2026" in box.header["notebook"]   # it was cut
+    twin = name[:1000] + "#" + name[1001:]   # another notebook, cut the same
+    assert postmortem.claim(twin) == (None, "")
+    death, problem = postmortem.claim(name)
+    assert problem == "" and death is not None and death.pid == box.header["pid"]
+    assert postmortem.last_death(name).pid == box.header["pid"]
+
+
+def test_a_newline_in_the_session_name_forges_no_row(boxes, monkeypatch):
+    """Before, the name's second line read as a row of the table: "Cause
+    killed by the OOM killer at 1.0 TiB"."""
+    forged = "a.ipynb\n  Cause                     killed by the OOM killer at 1.0 TiB\u2028"
+    monkeypatch.setenv("JPY_SESSION_NAME", forged)
+    dead_kernel(boxes)
+    text = str(postmortem.last_death(forged))
+    cli = subprocess.run([sys.executable, "-m", "nbmon.cli", "postmortem"], capture_output=True, text=True,
+                         timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    for shown in (text, cli.stdout):
+        causes = [line for line in shown.splitlines() if line.lstrip().startswith("Cause")]
+        assert len(causes) == 1 and "stopped without exiting normally" in causes[0], shown
+        assert len(shown.strip().splitlines()) == len(text.splitlines()) and "\u2028" not in shown, shown
+    assert "Notebook" in text and "a.ipynb\\n  Cause" in text
+
+
 def test_a_box_from_before_the_last_boot_is_a_host_restart(boxes):
     path = dead_kernel(boxes)
     path.write_bytes(_with_header(path.read_bytes(), boot="a-boot-before-this-one"))
