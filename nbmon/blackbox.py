@@ -49,6 +49,7 @@ import numpy as np
 
 from . import catalog
 from .runtime import open_private, pid_started, private_dir
+from .sources.procfs import BUDGET
 
 VERSION = 1
 MAGIC = b"NBMONBOX"
@@ -372,7 +373,9 @@ class BlackBox:
     and says when it is near the limit. A box that cannot be written fails
     once, as the monitor's fault ``BlackBox`` (``%resmon status``), and then
     stays quiet: the kernel runs on without a post-mortem. It holds one file
-    descriptor while the run lasts."""
+    descriptor while the run lasts, from nbmon's fd budget
+    (:data:`~nbmon.sources.procfs.BUDGET`); beyond it, the file is opened
+    for each write."""
 
     name = "BlackBox"
     at_start = True
@@ -383,7 +386,7 @@ class BlackBox:
         self.notebook = notebook_name() if notebook is None else notebook
         self.path: str | None = None
         self.writes = 0
-        self._fd: int | None = None
+        self._fd: int | None = None   # kept open (None: opened for each write)
         self._store = None
         self._broken = False
         self._exited = False   # the interpreter is exiting: closed for good
@@ -417,7 +420,7 @@ class BlackBox:
             try:
                 if self._error is not None:
                     raise self._error
-                if store is not self._store or self._fd is None:
+                if store is not self._store or self.path is None:
                     self._open(store)
                 self._fold_container()
                 now = time.monotonic()
@@ -469,6 +472,9 @@ class BlackBox:
             os.close(fd)
             _remove(path)
             raise
+        if not BUDGET.take(1):
+            os.close(fd)
+            fd = None
         self._fd, self.path, self._store = fd, path, store
         # The first consume writes a record at once: a kernel that dies in its first second has one.
         self._cursor, self._seq, self._second_t0 = 0, 1, -math.inf
@@ -502,13 +508,23 @@ class BlackBox:
                 values[at] = reading if fold is None or values[at] != values[at] else fold(values[at], reading)
         record = encode_record(self._layout, self._seq, time.time(), values)
         offset = HEADER_SIZE + CELL_SIZE + (self._seq % SLOTS) * self._layout.size
-        os.pwrite(self._fd, record, offset)
+        self._pwrite(record, offset)
         self.writes += 1
+
+    def _pwrite(self, data: bytes, offset: int) -> None:
+        if self._fd is not None:
+            os.pwrite(self._fd, data, offset)
+            return
+        fd = open_private(self.path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, data, offset)
+        finally:
+            os.close(fd)
 
     def write_cell(self) -> None:
         """Write the running cell now (called from the cell hooks' thread)."""
         with self._lock:
-            if self._fd is None or self._broken:
+            if self.path is None or self._broken:
                 return
             try:
                 self._write_cell_locked()
@@ -517,14 +533,16 @@ class BlackBox:
                 self._close_locked()
 
     def _write_cell_locked(self) -> None:
-        os.pwrite(self._fd, encode_cell(self.cell.cell, self.cell.changes), HEADER_SIZE)
+        self._pwrite(encode_cell(self.cell.cell, self.cell.changes), HEADER_SIZE)
 
     def _close_locked(self) -> None:
         fd, path = self._fd, self.path
         self._fd = self.path = self._store = None
-        if fd is not None:
+        if path is not None:
             _remove(path)
+        if fd is not None:
             os.close(fd)
+            BUDGET.give_back(1)
         self.cell.unwatch(self)
         _open_boxes.discard(self)
 

@@ -114,6 +114,46 @@ def test_a_monitor_that_stops_removes_its_box(boxes):
     assert monitor.faults == {}
 
 
+BEYOND_THE_BUDGET = """
+    import json, os, resource, time
+    resource.setrlimit(resource.RLIMIT_NOFILE, (80, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    from nbmon import blackbox
+    from nbmon.engine import Monitor
+    from nbmon.notebook.kernel_watch import WATCH
+    from nbmon.sources.procfs import BUDGET, fd_budget
+    def boxes_open():
+        held = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                held += os.readlink(f"/proc/self/fd/{fd}").endswith(blackbox.SUFFIX)
+            except OSError:   # the listing's own
+                pass
+        return held
+    monitor = Monitor(interval=0.05, gpu=False, system=False)
+    WATCH.attach(monitor)
+    BUDGET.take(fd_budget() - BUDGET.held)   # the user's other monitors hold the budget
+    with monitor:
+        box = [c for c in monitor.consumers if isinstance(c, blackbox.BlackBox)][0]
+        WATCH.cell.started(7, "x = 1")
+        deadline = time.monotonic() + 30
+        while box.writes < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held = min(boxes_open() for _ in range(5))   # kept open (not a write in flight)
+        read = blackbox.read_box(box.path)
+    print(json.dumps({"writes": box.writes, "held": held, "cell": read.cell.number, "records": len(read.records),
+                      "faults": list(monitor.faults)}))
+"""
+
+
+def test_a_box_beyond_the_fd_budget_holds_no_descriptor_and_is_written_all_the_same(boxes):
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(BEYOND_THE_BUDGET)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["held"] == 0, got                  # before: the box's descriptor, beyond the budget
+    assert got["writes"] >= 3 and got["records"] >= 2 and got["cell"] == 7 and got["faults"] == [], got
+
+
 def test_a_box_closed_at_exit_stays_closed_while_the_sampler_runs_on(boxes):
     # At exit the monitor's threads (daemons) still run until the interpreter
     # stops them; a consume() after the exit hook must not open a new box,
