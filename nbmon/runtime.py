@@ -169,10 +169,15 @@ def pid_started(pid: int) -> int | None:
     process for good, even once the pid is reused."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat_line = f.read()
-        return int(stat_line[stat_line.rindex(b")") + 2:].split()[19])
+            return started_in(f.read())
     except (OSError, ValueError, IndexError):
         return None
+
+
+def started_in(stat_line: bytes) -> int:
+    """The start time in a /proc/<pid>/stat line (ValueError, IndexError if
+    it is not one)."""
+    return int(stat_line[stat_line.rindex(b")") + 2:].split()[19])
 
 
 def alive(pid: int, started: int) -> bool:

@@ -45,8 +45,8 @@ import struct
 import time
 import weakref
 
-from ..runtime import alive, open_private, pid_started, private_dir
-from .procfs import BUDGET, pread
+from ..runtime import alive, open_private, pid_started, private_dir, started_in
+from .procfs import BUDGET, pread, read_path
 
 CLEAR_REFS_RESET_PEAK = b"5"   # proc(5): resets the peak RSS (VmHWM) to the current RSS
 SLOTS = 32                     # readers of one process at a time
@@ -181,7 +181,11 @@ class PeakMark:
         except BaseException:
             os.close(clear)
             raise
-        if pid_started(self.pid) != self.started:
+        try:   # read with the GIL held: on every take of a mark beyond the budget
+            same = started_in(read_path(f"/proc/{self.pid}/stat", 1024)) == self.started
+        except (OSError, ValueError, IndexError):
+            same = False
+        if not same:
             _close(clear, status)
             raise ProcessLookupError(errno.ESRCH, f"pid {self.pid} is gone", f"/proc/{self.pid}")
         return clear, status

@@ -536,7 +536,10 @@ class _ProcBackend:
                                      file_kb=proc.file_kb, shmem_kb=proc.shmem_kb)
         rss = status.rss_kb if not proc.exited else 0.0
         lo = max(proc.start_kb, rss)
-        if proc.mark is not None and (proc.ran or slow):
+        # A child that did not run cannot have raised its mark: it is not taken
+        # (beyond the fd budget a take opens three files). The root is taken on
+        # the cadence too: its "ran" leaves out the others' CPU under OTHERS_IDLE_S.
+        if proc.mark is not None and (proc.ran or (slow and proc.pid == self.tree.pid)):
             taken = proc.mark.take_kb()   # exact_peaks: the mark since the last take, reset
             peak = bound = max(lo, taken) if taken == taken else lo
         elif status.hwm_kb < proc.hwm_kb:
