@@ -46,7 +46,7 @@ def replace_section(path: str, text: str) -> str:
     the same heading is (run.py --only N); returns the file's text."""
     with open(path, encoding="utf-8") as f:
         head, sections = split(f.read())
-    _, (heading, body), = split(text)[1].items()
+    ((heading, body),) = split(text)[1].items()
     if heading not in sections:
         raise KeyError(f"{path} has no section {heading!r}")
     sections[heading] = body

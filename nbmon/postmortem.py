@@ -16,10 +16,10 @@ what nbmon can establish, nothing more:
 
 A box of a live process, of a process in another pid namespace (whose pid
 says nothing here), or of another host (a home shared by hosts: its boot
-id and pid say nothing here), is never a death. Each death is shown once, by the
-next ``%load_ext nbmon`` of the same notebook (``JPY_SESSION_NAME``, matched
-whole: by its hash where the box's header had to cut it; without one, of a
-kernel that had none either): :func:`claim` renames its box from
+id and pid say nothing here), is never a death. Each death is shown once,
+by the next ``%load_ext nbmon`` of the same notebook (``JPY_SESSION_NAME``,
+matched whole: by its hash where the box's header had to cut it; without
+one, of a kernel that had none either): :func:`claim` renames its box from
 ``.box`` to ``.seen``, so two kernels starting at once cannot both show it.
 :func:`last_death` and ``nbmon postmortem`` read shown ones too.
 
