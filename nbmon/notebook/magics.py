@@ -339,7 +339,7 @@ class ResmonMagics(Magics):
                     handle = display(meter, display_id=True)
                     feed = MeterFeed(meter, SESSION.monitor)
                 try:
-                    value = self._execute(cell, number)
+                    value = self._run_users_cell(cell, number)
                 except BaseException as err:
                     record.ended_with(err)   # before the Dask hook's exit copies the status
                     raise
@@ -356,7 +356,7 @@ class ResmonMagics(Magics):
             if record is not None and record.summary is not None:
                 self._show_cell(record, handle, args.quiet)
         if record is None:   # no monitor could start: the cell runs all the same, unwatched
-            value = self._execute(cell, number)
+            value = self._run_users_cell(cell, number)
             return None if args.output else value
         return record.summary if args.output else value
 
@@ -372,17 +372,17 @@ class ResmonMagics(Magics):
         if shown.timeline is not None:
             display(shown.picture())
 
-    def _execute(self, cell: str, number: int):
-        """Run the cell in the user namespace; return its last expression's
-        value. What it raises is shown from the cell's own frames on."""
+    def _run_users_cell(self, cell: str, number: int):
+        """:meth:`_execute`; what the cell raises is shown from its own frames on."""
         try:
-            return self._run_source(cell, number)
+            return self._execute(cell, number)
         except BaseException as err:
             if not isinstance(err, KeyboardInterrupt):
                 _user_traceback(self.shell, err)
             raise
 
-    def _run_source(self, cell: str, number: int):
+    def _execute(self, cell: str, number: int):
+        """Run the cell in the user namespace; return its last expression's value."""
         shell = self.shell
         # Registered with the compiler's line cache so that tracebacks show the cell's own
         # lines ("Cell In[n]", n its prompt number), not a bare "<resmon-cell>"; the leading
