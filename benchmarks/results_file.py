@@ -39,3 +39,20 @@ def update(path: str, text: str, *, owns: str, header: bool) -> str:
         f.write(result)
     os.replace(tmp, path)
     return result
+
+
+def replace_section(path: str, text: str) -> str:
+    """Put the one ``## `` section of ``text`` where the file's section of
+    the same heading is (run.py --only N); returns the file's text."""
+    with open(path, encoding="utf-8") as f:
+        head, sections = split(f.read())
+    ((heading, body),) = split(text)[1].items()
+    if heading not in sections:
+        raise KeyError(f"{path} has no section {heading!r}")
+    sections[heading] = body
+    result = (head + "".join(sections.values())).rstrip("\n") + "\n"
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(result)
+    os.replace(tmp, path)
+    return result

@@ -13,6 +13,7 @@ import argparse
 import gc
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,9 @@ from nbmon.sources.proctree import ProcessTree  # noqa: E402
 from nbmon.store import Store  # noqa: E402
 from nbmon.summary import summarize  # noqa: E402
 import results_file  # noqa: E402  (benchmarks/, the script's own folder)
+
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+from test_do_no_harm import POOL_UNDER_A_LIMIT, run_child  # noqa: E402  (the pool the test measures)
 
 MIB = 1024 * 1024
 SLEEPER = "import time\nwhile True: time.sleep(1)"
@@ -309,13 +313,14 @@ def in_nbmon_thread(fn):
     return out[0]
 
 
-def tree_cost(children: int, rounds: int, per_round: int) -> dict:
+def tree_cost(children: int, rounds: int, per_round: int, exact: bool = False) -> dict:
     """The process tree alone, this process and ``children`` sleeping
     children: µs of thread CPU per sample when nothing ran (each process's
-    clock only) and per full sample (every process's stat and status: kept
-    open within the fd budget, by path beyond it), and the fds kept."""
+    clock only) and per full sample (every process's stat and status, and
+    with ``exact`` its high-water mark taken and reset: kept open within the
+    fd budget, by path beyond it), and the fds kept."""
     kids = [subprocess.Popen(["sleep", "600"]) for _ in range(children)]
-    tree = ProcessTree(os.getpid())
+    tree = ProcessTree(os.getpid(), exact_peaks=exact)
     try:
         tree.start()
         deadline = time.monotonic() + 60
@@ -338,6 +343,14 @@ def tree_cost(children: int, rounds: int, per_round: int) -> dict:
         for k in kids:
             k.kill()
             k.wait()
+
+
+def fds_held(children: int, exact: bool, limit: int) -> dict:
+    """A Monitor on a fresh process and ``children`` sleeping children under
+    ``ulimit -n limit`` (0: as it is): the descriptors it holds, the
+    processes it counts, how many of 100 ``open()`` of the process's own
+    failed meanwhile (tests/test_do_no_harm.py's pool)."""
+    return run_child(POOL_UNDER_A_LIMIT, children, exact, limit, env={"PYTHONPATH": os.path.dirname(HERE)})
 
 
 WALKED = """
@@ -565,15 +578,69 @@ def frame_figures(quick: bool) -> list[str]:
 
 # -- report -------------------------------------------------------------------
 
+def big_trees(q: bool) -> list[str]:
+    """Section 8: the tree's cost by size, the descriptors a monitor holds, the walks."""
+    lines = ["## 8. Big trees and shared pages", "",
+             "The process tree alone, this process and N sleeping children (`sleep`), µs of thread CPU "
+             "per sample: *idle* when no process ran (each one's CPU clock only: no file), *full* every "
+             "process's `stat` and `status` (the 1 s cadence, a span's boundary), with *exact peaks* also "
+             "its mark taken and reset (`status`, `clear_refs`, its board locked, read and written). Files "
+             f"are kept open within the fd budget ({fd_budget()} here: 64 or 5 % of `RLIMIT_NOFILE`, "
+             "whichever is smaller) and opened for each read beyond it.", "",
+             "| children | µs per sample, idle | µs per sample, full | fds kept open | processes counted |",
+             "|---|---|---|---|---|"]
+    for exact in (False, True):
+        for n in (10, 100, 1000):
+            cost = tree_cost(n, 3 if q else 7, 20 if q else 100, exact)
+            lines.append(f"| {n}{', exact peaks' if exact else ''} | {med(cost['idle'])} | {med(cost['full'])} | "
+                         f"{cost['kept']} | {cost['counted']} |")
+    normal = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limits = (256, 0)
+    lines += ["", "What a whole monitor (`Monitor(interval=0.1)`, every source) holds in a fresh process "
+              "watching itself and N sleeping children, under `ulimit -n 256` and as it is "
+              f"({normal}): file descriptors held (the least of 10 counts of `/proc/self/fd`, less the "
+              "count before the start), the processes counted, and how many of 100 `open()` calls of "
+              "the process's own code failed meanwhile. *Exact peaks* keeps each process's "
+              "`clear_refs`, `status` and board open within the same budget.", "",
+              "| children | " + " | ".join(f"{mode}, `ulimit -n {limit or normal}`" for limit in limits
+                                         for mode in ("default", "exact peaks")) + " |",
+              "|---" * 5 + "|"]
+    for n in (10, 100, 500):
+        cells = []
+        for limit in limits:
+            for exact in (False, True):
+                got = fds_held(n, exact, limit)
+                cells.append(f"{got['held']} held, {got['count']:.0f}/{n + 1} counted, {got['failed']} failed")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    walks = walk_figures(3 if q else 5, 10.0 if q else 30.0)
+    lines += ["", "Shared pages counted once: PSS from `smaps_rollup`, whose read walks the page tables. "
+              "One walk of a 1 GiB process, ms of CPU: "
+              f"{med(walks['4k'])} in 4 KiB pages, {med(walks['huge'])} in huge pages. The walks are paid "
+              "from a budget (0.5 % of a core on average), when the tree's membership or its shareable "
+              "pages change and at most every 5 s while it runs. Over a run of a 1 GiB kernel with a "
+              "4-worker forked pool writing into what it shares (copy-on-write), "
+              f"{'30' if not q else '10'} s, the walks took {med(walks['share'])} % of a core "
+              f"({med(walks['walks'])} walks)."]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer rounds: a smoke run")
     parser.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
     parser.add_argument("--spike", metavar="CONTENDER", help=argparse.SUPPRESS)  # one trial, in this process
+    parser.add_argument("--only", type=int, choices=[8], help="run section 8 alone; its figures replace its own")
     args = parser.parse_args()
     if args.spike:
         return one_spike(args.spike)
     q = args.quick
+    if args.only:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=HERE).stdout.strip() or "?"
+        lines = big_trees(q)
+        lines[1:1] = ["", f"This section alone: commit `{commit}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+                          f"`python benchmarks/run.py --only 8{' --quick' if q else ''}`."]
+        return print(results_file.replace_section(args.out, "\n".join(lines) + "\n"))
     names = [n for n, f in CONTENDERS.items() if f is not None]
     missing = [n for n, f in CONTENDERS.items() if f is None]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -684,26 +751,7 @@ def main() -> None:
     lines.append(f"| `%resmon` to first sample (IPython shell, includes building the plotly "
                  f"FigureWidget) | {med([r[0] for r in st['resmon']])} |")
     log("8. big trees, shared pages")
-    lines += ["", "## 8. Big trees and shared pages", "",
-              "The process tree alone, this process and N sleeping children (`sleep`), µs of thread CPU "
-              "per sample: *idle* when no process ran (each one's CPU clock only: no file), *full* every "
-              "process's `stat` and `status` (the 1 s cadence, a span's boundary). Files are kept open "
-              f"within the fd budget ({fd_budget()} here: 64 or 5 % of `RLIMIT_NOFILE`, whichever is "
-              "smaller) and read by path beyond it.", "",
-              "| children | µs per sample, idle | µs per sample, full | fds kept open | processes counted |",
-              "|---|---|---|---|---|"]
-    for n in (10, 100, 1000):
-        cost = tree_cost(n, 3 if q else 7, 20 if q else 100)
-        lines.append(f"| {n} | {med(cost['idle'])} | {med(cost['full'])} | {cost['kept']} | {cost['counted']} |")
-    walks = walk_figures(3 if q else 5, 10.0 if q else 30.0)
-    lines += ["", "Shared pages counted once: PSS from `smaps_rollup`, whose read walks the page tables. "
-              "One walk of a 1 GiB process, ms of CPU: "
-              f"{med(walks['4k'])} in 4 KiB pages, {med(walks['huge'])} in huge pages. The walks are paid "
-              "from a budget (0.5 % of a core on average), when the tree's membership or its shareable "
-              "pages change and at most every 5 s while it runs. Over a run of a 1 GiB kernel with a "
-              "4-worker forked pool writing into what it shares (copy-on-write), "
-              f"{'30' if not q else '10'} s, the walks took {med(walks['share'])} % of a core "
-              f"({med(walks['walks'])} walks)."]
+    lines += [""] + big_trees(q)
     print(results_file.update(args.out, "\n".join(lines) + "\n", owns=r"## \d+\. ", header=True))
 
 

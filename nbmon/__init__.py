@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Monitor": "engine",
+    "StartError": "launch",
     "Options": "options",
     "Consumer": "consumers",
     "SampleForwarder": "consumers",

@@ -13,8 +13,9 @@ written in place with ``pwrite``, each part with its own CRC-32:
 
 - a header (2,048 bytes): ``NBMONBOX``, the JSON's length and CRC, and a
   JSON object saying whose box it is (pid, start time, boot, pid namespace,
-  uid), where it ran (notebook, working directory, memory cgroup) and the
-  names of the record's fields;
+  uid), where it ran (host, notebook, working directory, memory cgroup) and
+  the names of the record's fields (a notebook name too long to fit is cut,
+  and the whole name's SHA-256 kept beside it);
 - the running cell (256 bytes): CRC, change count, prompt number, running
   or not, when it started, its label;
 - a ring of 64 records, one a second: CRC, sequence number, wall time, one
@@ -32,6 +33,7 @@ page cache: a process killed at any moment leaves each part whole.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import math
 import os
@@ -47,6 +49,7 @@ import numpy as np
 
 from . import catalog
 from .runtime import open_private, pid_started, private_dir
+from .sources.procfs import BUDGET
 
 VERSION = 1
 MAGIC = b"NBMONBOX"
@@ -58,6 +61,7 @@ CHECK_EVERY_S = 0.25       # near the warning threshold: the record rewritten th
 MAX_FIELDS = 16
 LABEL_BYTES = 200
 SUFFIX = ".box"
+NOTEBOOK_HASH = "notebook_sha256"   # in a header whose notebook name had to be cut: the whole name's
 
 _HEAD = struct.Struct("<8sII")          # magic, JSON length, JSON CRC
 _CELL = struct.Struct("<IQqBdH")        # CRC, change count, number, running, started, label length
@@ -186,13 +190,20 @@ def _crc(data: bytes) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
+def notebook_hash(name: str) -> str:
+    return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def encode_header(header: dict) -> bytes:
     room = HEADER_SIZE - _HEAD.size
     text = json.dumps(header, separators=(",", ":")).encode()
     for key in ("cwd", "notebook"):  # very long paths lose their middle, never the header its end
         if len(text) > room:
             value = header[key]
-            header = {**header, key: value[:60] + "\u2026" + value[-60:] if len(value) > 121 else value}
+            if len(value) > 121:
+                header = {**header, key: value[:60] + "\u2026" + value[-60:]}
+                if key == "notebook":   # matched by its hash from then on (postmortem)
+                    header[NOTEBOOK_HASH] = notebook_hash(value)
             text = json.dumps(header, separators=(",", ":")).encode()
     if len(text) > room:
         raise ValueError(f"a black box header of {len(text)} bytes does not fit in {room}")
@@ -362,7 +373,9 @@ class BlackBox:
     and says when it is near the limit. A box that cannot be written fails
     once, as the monitor's fault ``BlackBox`` (``%resmon status``), and then
     stays quiet: the kernel runs on without a post-mortem. It holds one file
-    descriptor while the run lasts."""
+    descriptor while the run lasts, from nbmon's fd budget
+    (:data:`~nbmon.sources.procfs.BUDGET`); beyond it, the file is opened
+    for each write."""
 
     name = "BlackBox"
     at_start = True
@@ -374,7 +387,7 @@ class BlackBox:
         self.notebook = notebook_name() if notebook is None else notebook
         self.path: str | None = None
         self.writes = 0
-        self._fd: int | None = None
+        self._fd: int | None = None   # kept open (None: opened for each write)
         self._store = None
         self._broken = False
         self._exited = False   # the interpreter is exiting: closed for good
@@ -408,7 +421,7 @@ class BlackBox:
             try:
                 if self._error is not None:
                     raise self._error
-                if store is not self._store or self._fd is None:
+                if store is not self._store or self.path is None:
                     self._open(store)
                 self._fold_container()
                 now = time.monotonic()
@@ -460,6 +473,9 @@ class BlackBox:
             os.close(fd)
             _remove(path)
             raise
+        if not BUDGET.take(1):
+            os.close(fd)
+            fd = None
         self._fd, self.path, self._store = fd, path, store
         # The first consume writes a record at once: a kernel that dies in its first second has one.
         self._cursor, self._seq, self._second_t0 = 0, 1, -math.inf
@@ -493,13 +509,23 @@ class BlackBox:
                 values[at] = reading if fold is None or values[at] != values[at] else fold(values[at], reading)
         record = encode_record(self._layout, self._seq, time.time(), values)
         offset = HEADER_SIZE + CELL_SIZE + (self._seq % SLOTS) * self._layout.size
-        os.pwrite(self._fd, record, offset)
+        self._pwrite(record, offset)
         self.writes += 1
+
+    def _pwrite(self, data: bytes, offset: int) -> None:
+        if self._fd is not None:
+            os.pwrite(self._fd, data, offset)
+            return
+        fd = open_private(self.path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, data, offset)
+        finally:
+            os.close(fd)
 
     def write_cell(self) -> None:
         """Write the running cell now (called from the cell hooks' thread)."""
         with self._lock:
-            if self._fd is None or self._broken:
+            if self.path is None or self._broken:
                 return
             try:
                 self._write_cell_locked()
@@ -508,14 +534,16 @@ class BlackBox:
                 self._close_locked()
 
     def _write_cell_locked(self) -> None:
-        os.pwrite(self._fd, encode_cell(self.cell.cell, self.cell.changes), HEADER_SIZE)
+        self._pwrite(encode_cell(self.cell.cell, self.cell.changes), HEADER_SIZE)
 
     def _close_locked(self) -> None:
         fd, path = self._fd, self.path
         self._fd = self.path = self._store = None
-        if fd is not None:
+        if path is not None:
             _remove(path)
+        if fd is not None:
             os.close(fd)
+            BUDGET.give_back(1)
         self.cell.unwatch(self)
         _open_boxes.discard(self)
 

@@ -29,8 +29,9 @@ from contextlib import contextmanager
 
 from . import options as opts, postmortem, ranks
 from .engine import Monitor
-from .format import printable
+from .format import one_line, printable
 from .options import Options, check_interval
+from .runtime import fallback_note
 from .senders import FORCE_HINT, SINKS, Ended, check_outputs, open_stream, outputs_given
 from .senders import arguments as sink_arguments
 from .sources.cgroup import OwnGroup
@@ -335,13 +336,18 @@ def _postmortem() -> int:
     if scan.problem:
         print(f"nbmon: {scan.problem}", file=sys.stderr)
         return 1
+    if fallback_note():
+        print(fallback_note(), file=sys.stderr)
     for death in found:
         print(f"{death}\n")
     if not found:
         print(f"nbmon: no kernel of yours died while nbmon watched it in the last "
               f"{postmortem.KEEP_S / 86400:g} days")
     for path, why in scan.skipped:
-        print(f"nbmon: skipped {printable(path)}: {why}", file=sys.stderr)
+        print(one_line(f"nbmon: skipped {path}: {why}"), file=sys.stderr)
+    if scan.unread:
+        print(one_line(f"nbmon: {len(scan.unread)} older entries of {scan.directory} not read "
+                       f"(the newest {postmortem.MAX_ENTRIES} are)"), file=sys.stderr)
     return 0
 
 

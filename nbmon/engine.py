@@ -18,6 +18,8 @@ from typing import Callable, Sequence
 
 from .consumers import ConsumerThread, as_consumer
 from .faults import FaultLog
+from .format import one_line
+from .launch import StartError, check_room
 from .options import Options, check_pid
 from .sampler import STOP_GRACE_S, Sampler, Sampling
 from .sources import Sources
@@ -87,33 +89,47 @@ class Monitor:
         return getattr(self._sampler, "_thread", None)
 
     def start(self) -> "Monitor":
-        """Start a new run (a no-op if already running)."""
+        """Start a new run (a no-op if already running). A run that cannot
+        start raises :class:`StartError`, saying why in one sentence, with
+        nothing of it left open or running."""
         with self._lock:
             if self.running:
                 return self
             self._stop_locked()
-            sampler = self._process_sampler() if self.options.backend == "process" else None
-            if sampler is None:
-                sampler = self._thread_sampler()
+            check_room()
             try:
-                store = Store(sampler.fields, self.options.max_bytes, t_start=sampler.t_start)
-            except BaseException:
-                sampler.close_sources()
-                raise
-            sampler.sink = store.append
-            self.store = store
-            self._run_window = store.open_window(sampler.t_start)
-            self._consumer_faults = FaultLog()
-            self._runs += 1
-            self._consumer_thread = None
-            if self.consumers:
-                self._consumer_thread = self._new_consumer_thread(sampler)
-            sampler.launch()
-            self._sampler = sampler
-            if self._consumer_thread is not None:
-                self._consumer_thread.start()
-            _running.add(self)
+                self._start_locked()
+            except (OSError, RuntimeError, MemoryError) as err:
+                raise StartError(f"nbmon could not start: {_why(err)}") from err
             return self
+
+    def _start_locked(self) -> None:
+        sampler = self._process_sampler() if self.options.backend == "process" else None
+        if sampler is None:
+            sampler = self._thread_sampler()
+        try:
+            store = Store(sampler.fields, self.options.max_bytes, t_start=sampler.t_start)
+        except BaseException:
+            sampler.close_sources()
+            raise
+        sampler.sink = store.append
+        self.store = store
+        self._run_window = store.open_window(sampler.t_start)
+        self._consumer_faults = FaultLog()
+        self._runs += 1
+        self._consumer_thread = None
+        if self.consumers:
+            self._consumer_thread = self._new_consumer_thread(sampler)
+        sampler.launch()
+        self._sampler = sampler
+        if self._consumer_thread is not None:
+            try:
+                self._consumer_thread.start()
+            except BaseException:
+                self._consumer_thread = None
+                self._stop_locked(timeout=0.0)
+                raise
+        _running.add(self)
 
     def _new_consumer_thread(self, sampler) -> ConsumerThread:
         run = self._runs
@@ -258,6 +274,13 @@ class Monitor:
 
     def latest(self) -> dict[str, float]:
         return self.store.latest() if self.store is not None else {}
+
+
+def _why(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.strerror:
+        where = err.filename if isinstance(err.filename, str) else ""
+        return one_line(f"{err.strerror} ({where})" if where else err.strerror)
+    return one_line(str(err) or type(err).__name__)
 
 
 class Span:

@@ -136,3 +136,13 @@ def printable(text) -> str:
     a host name or file name from elsewhere can neither send escape
     sequences to the terminal nor hide what it is."""
     return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], str(text))
+
+
+_BREAK = re.compile("[\n\u2028\u2029]")   # what starts a new line (CR, NEL, VT, FF are controls above)
+
+
+def one_line(text) -> str:
+    """:func:`printable`, and a line break shown as its escape too: a field of
+    a table, whose text (a session name, a host name) could otherwise start
+    a row of its own."""
+    return _BREAK.sub(lambda m: ascii(m.group())[1:-1], printable(text))

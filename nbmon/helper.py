@@ -199,8 +199,13 @@ class ProcessSampler:
             self._buffer += chunk
 
     def launch(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        try:
+            thread.start()
+        except BaseException:   # no thread to read it: the helper must not run on
+            self._kill()
+            raise
+        self._thread = thread
 
     def _run(self) -> None:
         width = 3 + len(self.fields)

@@ -1,6 +1,7 @@
-"""Starting nbmon's helper processes: the sampler process
+"""Starting nbmon's helper processes -- the sampler process
 (:mod:`nbmon.helper`) and the notebook's session host
-(:mod:`nbmon.notebook.serve`).
+(:mod:`nbmon.notebook.serve`) -- and whether this process has room to start
+anything of nbmon's at all (:func:`check_room`, :class:`StartError`).
 
 A helper starts isolated (-I: no current directory, PYTHONPATH or user
 site-packages on sys.path; cwd /), so that a notebook opened in a shared
@@ -17,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import resource
 import site
 import subprocess
 import sys
@@ -62,3 +64,43 @@ def spawn(entry: str, args: list[str], imports, pass_fds: tuple[int, ...] = ()) 
         [sys.executable, "-I", "-c", _BOOT, json.dumps(import_path(imports)), entry, *args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
         close_fds=True, pass_fds=pass_fds, start_new_session=True)
+
+
+def free_fds() -> tuple[int, int]:
+    """(how many descriptors this process may still open, its soft
+    RLIMIT_NOFILE); (-1, -1) where that cannot be told (no limit, no fd
+    listing), none free when even listing them fails (EMFILE)."""
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return -1, -1
+    if soft == resource.RLIM_INFINITY:
+        return -1, -1
+    for listing in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return max(0, soft - len(os.listdir(listing))), soft
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return 0, soft
+    return -1, -1
+
+
+class StartError(RuntimeError):
+    """A monitor that could not start, and why, in one sentence: the process
+    is out of file descriptors, say. Nothing of that start is left open or
+    running; what was watched before goes on."""
+
+
+MIN_FREE_FDS = 16
+
+
+def check_room() -> None:
+    """Raise :class:`StartError` when this process has fewer than
+    MIN_FREE_FDS file descriptors free: a monitor started then would take
+    the last ones from the process's own code (and, in a kernel, the one
+    that a large message needs: without it the kernel aborts)."""
+    free, limit = free_fds()
+    if 0 <= free < MIN_FREE_FDS:
+        raise StartError(f"nbmon did not start: this process has only {free} of its {limit} file descriptors "
+                         f"free (ulimit -n), and nbmon starts only with {MIN_FREE_FDS} free, never to take the last ones")

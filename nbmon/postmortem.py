@@ -1,9 +1,10 @@
 """Why did my kernel die? The post-mortem of a kernel that left its black box
 (:mod:`nbmon.blackbox`) behind.
 
-A box whose kernel is gone (its pid and start time name no live process, or
-the host has restarted since) is a death. Its cause is what nbmon can
-establish, nothing more:
+A box is a kernel's of this host when its host name is this one's: then a
+box whose kernel is gone (its pid and start time name no live process, or
+the host has restarted since: another boot id) is a death. Its cause is
+what nbmon can establish, nothing more:
 
 - the OOM-kill counter of the kernel's memory cgroup is higher now than in
   the box's last record: "killed by the container's OOM killer at 7.9 GiB
@@ -13,15 +14,20 @@ establish, nothing more:
 - otherwise: "the kernel stopped without exiting normally", with the last
   figures (a SIGKILL, a crash, a host that stopped it).
 
-A box of a live process, or of a process in another pid namespace (whose
-pid says nothing here), is never a death. Each death is shown once, by the
-next ``%load_ext nbmon`` of the same notebook (``JPY_SESSION_NAME``; without
+A box of a live process, of a process in another pid namespace (whose pid
+says nothing here), or of another host (a home shared by hosts: its boot
+id and pid say nothing here), is never a death. Each death is shown once,
+by the next ``%load_ext nbmon`` of the same notebook (``JPY_SESSION_NAME``,
+matched whole: by its hash where the box's header had to cut it; without
 one, of a kernel that had none either): :func:`claim` renames its box from
 ``.box`` to ``.seen``, so two kernels starting at once cannot both show it.
 :func:`last_death` and ``nbmon postmortem`` read shown ones too.
 
 Boxes of the dead are kept :data:`KEEP_S` (7 days), at most
-:data:`KEEP_DEAD` (16) of them, and swept at each ``%load_ext nbmon``.
+:data:`KEEP_DEAD` (16) of them, and swept at each ``%load_ext nbmon``. The
+newest :data:`MAX_ENTRIES` entries of the directory are read (by the time
+they were last written), so old ones can never hide a new death; older
+ones are swept after :data:`KEEP_S`.
 Anything in the directory that is not a whole box of this user's (a
 truncated or damaged file, garbage, a link, another user's file) is skipped
 with a sentence saying why (``nbmon postmortem`` lists them), never read
@@ -32,20 +38,22 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
 import stat
 import time
 from dataclasses import dataclass, field
 
 from . import catalog
-from .blackbox import SUFFIX, BadBox, Box, Cell, boot_id, box_dir, notebook_name, pid_namespace, read_box
-from .format import fmt, printable
+from .blackbox import (NOTEBOOK_HASH, SUFFIX, BadBox, Box, Cell, boot_id, box_dir, notebook_hash, notebook_name,
+                       pid_namespace, read_box)
+from .format import fmt, one_line, printable
 from .render import html_table, text_table
 from .runtime import alive
 from .sources.cgroup import Cgroup
 
 KEEP_S = 7 * 86400.0
 KEEP_DEAD = 16
-MAX_ENTRIES = 256          # names looked at in the directory, at most
+MAX_ENTRIES = 256          # entries read, at most: the newest
 SEEN = ".seen"
 _NAME = re.compile(r"\d{1,10}-\d{1,20}-[0-9a-f]{0,8}(\.box|\.seen)")
 OOM, HOST_RESTART, UNKNOWN = "oom", "host restarted", "unknown"
@@ -208,34 +216,58 @@ def death_of(box: Box) -> Death:
 @dataclass
 class Scan:
     """What the box directory holds: ``dead`` (Box, seen) newest first,
-    ``live`` boxes, ``skipped`` [(path, why)], and ``problem``: why the
-    directory itself could not be read ('' when it could)."""
+    ``live`` boxes, ``skipped`` [(path, why)], ``unread``: the entries
+    older than the newest MAX_ENTRIES, and ``problem``: why the directory
+    itself could not be read ('' when it could)."""
 
     directory: str = ""
     dead: list = field(default_factory=list)
     live: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
+    unread: list = field(default_factory=list)
     problem: str = ""
 
 
 def _state(box: Box) -> str:
     h = box.header
+    if h["host"] != socket.gethostname():
+        return "another host"
     if h["boot"] != boot_id():
         return "dead"
     if h["pid_ns"] != pid_namespace():
-        return "elsewhere"
+        return "another pid namespace"
     return "live" if alive(h["pid"], h["started"]) else "dead"
 
 
+_ELSEWHERE = {"another host": "a kernel on another host ({}): whether it lives cannot be told from here",
+              "another pid namespace": "a kernel in another pid namespace (container): whether it lives "
+                                       "cannot be told from here"}
+
+
+def _newest(directory: str) -> tuple[list[str], list[str]]:
+    """The directory's entries, newest first (by the time they were last
+    written): (the first MAX_ENTRIES, the rest)."""
+    entries = []
+    with os.scandir(directory) as listing:
+        for entry in listing:
+            try:
+                entries.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
+            except OSError:   # gone meanwhile
+                continue
+    names = [name for _, name in sorted(entries, reverse=True)]
+    return names[:MAX_ENTRIES], names[MAX_ENTRIES:]
+
+
 def scan() -> Scan:
-    """Read every box in the directory (never raises)."""
+    """Read the newest boxes in the directory (never raises)."""
     found = Scan()
     try:
         found.directory = box_dir()
-        names = sorted(os.listdir(found.directory))[:MAX_ENTRIES]
+        names, older = _newest(found.directory)
     except OSError as err:
-        found.problem = f"the black boxes' directory cannot be used: {err}"
+        found.problem = one_line(f"the black boxes' directory cannot be used: {err}")
         return found
+    found.unread = [os.path.join(found.directory, name) for name in older]
     for name in names:
         path = os.path.join(found.directory, name)
         if not _NAME.fullmatch(name):
@@ -252,8 +284,7 @@ def scan() -> Scan:
         elif state == "dead":
             found.dead.append((box, name.endswith(SEEN)))
         else:
-            found.skipped.append((path, "a kernel in another pid namespace (container): whether it lives "
-                                        "cannot be told from here"))
+            found.skipped.append((path, one_line(_ELSEWHERE[state].format(box.header["host"]))))
     found.dead.sort(key=lambda entry: _last_seen(entry[0]), reverse=True)
     return found
 
@@ -263,7 +294,8 @@ def _last_seen(box: Box) -> float:
 
 
 def _ours(box: Box, notebook: str) -> bool:
-    return box.header["notebook"] == notebook
+    cut = box.header.get(NOTEBOOK_HASH)   # the name did not fit in the header: its hash did
+    return cut == notebook_hash(notebook) if isinstance(cut, str) else box.header["notebook"] == notebook
 
 
 def claim(notebook: str | None = None) -> tuple[Death | None, str]:
@@ -272,7 +304,7 @@ def claim(notebook: str | None = None) -> tuple[Death | None, str]:
     notebook = notebook_name() if notebook is None else notebook
     found = scan()
     newest = None
-    for box, seen in found.dead:
+    for k, (box, seen) in enumerate(found.dead):
         if seen or not _ours(box, notebook):
             continue
         seen_path = box.path[:-len(SUFFIX)] + SEEN
@@ -280,8 +312,10 @@ def claim(notebook: str | None = None) -> tuple[Death | None, str]:
             os.rename(box.path, seen_path)  # atomic: of two kernels starting at once, one shows it
         except OSError:
             continue
+        box = Box(seen_path, box.header, box.cell, box.records, box.damaged)
+        found.dead[k] = (box, True)   # the sweep finds it under its new name
         if newest is None:
-            newest = death_of(Box(seen_path, box.header, box.cell, box.records, box.damaged))
+            newest = death_of(box)
     sweep(found)
     return newest, found.problem
 
@@ -305,11 +339,11 @@ def deaths() -> tuple[list[Death], Scan]:
 
 def sweep(found: Scan, now: float | None = None) -> list[str]:
     """Remove the boxes of the dead older than KEEP_S or beyond the newest
-    KEEP_DEAD, and this user's own regular files among the skipped ones older
-    than KEEP_S; returns the paths removed."""
+    KEEP_DEAD, and this user's own regular files among the skipped and the
+    unread ones older than KEEP_S; returns the paths removed."""
     now = time.time() if now is None else now
     old = [box.path for k, (box, _) in enumerate(found.dead) if k >= KEEP_DEAD or now - _last_seen(box) > KEEP_S]
-    for path, _why in found.skipped:
+    for path in [path for path, _why in found.skipped] + found.unread:
         try:
             st = os.lstat(path)
         except OSError:

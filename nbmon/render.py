@@ -18,6 +18,7 @@ import html
 import struct
 import zlib
 
+from .format import one_line
 
 # Cosmetic only (a viewer may strip them; the table reads the same): compact
 # cells, labels left (JupyterLab right-aligns every cell for DataFrames).
@@ -57,10 +58,10 @@ def grid_table(title: str, header: list[str], rows: list[list[str]], *, cls: str
 
 def grid_text(title: str, header: list[str], rows: list[list[str]]) -> str:
     """:func:`grid_table` as plain text: the title, then the columns aligned
-    (the first left, the others right)."""
-    lines = [header, *rows]
+    (the first left, the others right), every field on one line."""
+    lines = [[one_line(c) for c in line] for line in (header, *rows)]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join([title] + ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+    return "\n".join([one_line(title)] + ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                            for i, (c, w) in enumerate(zip(line, widths))) for line in lines])
 
 
@@ -76,9 +77,11 @@ class Output:
 
 
 def text_table(title: str, rows: list[tuple[str, str]]) -> str:
-    """The same table as plain text (a terminal, text/plain), columns aligned."""
+    """The same table as plain text (a terminal, text/plain), columns
+    aligned; every field on one line (:func:`~nbmon.format.one_line`)."""
+    rows = [(one_line(k), one_line(v)) for k, v in rows]
     width = max((len(k) for k, _ in rows), default=0)
-    return "\n".join([title, *(f"  {k:<{width}}  {v}" for k, v in rows)])
+    return "\n".join([one_line(title), *(f"  {k:<{width}}  {v}" for k, v in rows)])
 
 
 def png_strips(t, strips, *, width: int = 360, strip_px: int = 24, gap_px: int = 6, scale: int = 2) -> bytes:

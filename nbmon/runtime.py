@@ -4,27 +4,39 @@ On a shared host (JupyterHub, a GPU server) /tmp and /dev/shm belong to
 everybody: a name nbmon would use there can be taken first by another user,
 as a file of theirs, a symlink to one of the victim's files, or a hard link
 (``fs.protected_symlinks``/``protected_regular`` are off on many hosts). So
-nbmon keeps nothing in a shared directory. Its files live in
+nbmon keeps nothing in a shared directory. Its files live in the first of
 
 - ``$XDG_RUNTIME_DIR/nbmon`` when ``XDG_RUNTIME_DIR`` is a directory of
-  this user's with mode 0700 (systemd's /run/user/<uid>), else
-- ``<tempdir>/nbmon-<uid>``,
+  this user's with mode 0700 (systemd's /run/user/<uid>);
+- ``<tempdir>/nbmon-<uid>`` (containers, ssh: no ``XDG_RUNTIME_DIR``);
+- ``~/.cache/nbmon/<host name>``: its name is predictable too, but only
+  this user can make it, so another user who made ``<tempdir>/nbmon-<uid>``
+  first cannot take nbmon's files away for good. A home may be shared by
+  hosts (NFS): the host's name keeps each host's boards and locks apart.
 
-and every directory on the way is checked with ``lstat`` (not a symlink,
-owned by this user, no access for group or others) after it is made. A file
-is opened with ``O_NOFOLLOW`` and then checked on its descriptor (a regular
-file of this user's, one link, mode 0600), so nothing swapped in between
-the check and the use is ever written. Every refusal is an
-:class:`UnsafePath` (an OSError) that says in one sentence what was found.
+Every directory nbmon makes is checked with ``lstat`` (not a symlink, owned
+by this user, no access for group or others) after it is made; the home and
+``~/.cache`` must be this user's (or root's) and writable by nobody else.
+Where the first usable place is not the first one there is, because that
+one was unsafe, :func:`fallback_note` says so in one line. A file is opened
+with ``O_NOFOLLOW`` and then checked on its descriptor (a regular file of
+this user's, one link, mode 0600), so nothing swapped in between the check
+and the use is ever written. Every refusal is an :class:`UnsafePath` (an
+OSError) that says in one sentence what was found.
 """
 from __future__ import annotations
 
 import os
+import re
+import socket
 import stat
 import tempfile
 
+from .format import one_line
+
 PRIVATE_MODE = 0o700
 FILE_MODE = 0o600
+_note = [""]   # why the place in use is not the first (see fallback_note)
 
 
 class UnsafePath(OSError):
@@ -52,15 +64,66 @@ def _make_dir(path: str) -> str:
     return path
 
 
-def _base() -> str:
+def _check_parent(path: str) -> None:
+    """A directory (a link to one is followed) that no other user can change:
+    this user's or root's, writable by its owner alone."""
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(f"{path} is not a directory")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise UnsafePath(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})")
+    if st.st_mode & 0o022:
+        raise UnsafePath(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})")
+
+
+def _runtime_place() -> str | None:
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime):
-        try:
-            _check_dir(runtime)
-            return _make_dir(os.path.join(runtime, "nbmon"))
-        except OSError:
-            pass  # not usable (another user's, missing): the temp directory then
+    if not (runtime and os.path.isabs(runtime)):
+        return None
+    _check_dir(runtime)
+    return _make_dir(os.path.join(runtime, "nbmon"))
+
+
+def _temp_place() -> str:
     return _make_dir(os.path.join(tempfile.gettempdir(), f"nbmon-{os.geteuid()}"))
+
+
+def _home_place() -> str:
+    home = os.path.expanduser("~")
+    if not os.path.isabs(home):
+        raise UnsafePath("this user has no home directory")
+    _check_parent(home)
+    cache = os.path.join(home, ".cache")
+    try:
+        os.mkdir(cache, PRIVATE_MODE)
+    except FileExistsError:
+        pass
+    _check_parent(cache)
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()).lstrip(".")[:64] or "host"
+    return _make_dir(os.path.join(_make_dir(os.path.join(cache, "nbmon")), host))
+
+
+def _base() -> str:
+    refused: list[OSError] = []
+    for place in (_runtime_place, _temp_place, _home_place):
+        try:
+            path = place()
+        except OSError as err:
+            refused.append(err)
+            continue
+        if path is None:
+            continue
+        unsafe = [err for err in refused if isinstance(err, UnsafePath)]
+        _note[0] = one_line(f"nbmon: {unsafe[-1]}; its private files are in {path} instead") if unsafe else ""
+        return path
+    raise UnsafePath(one_line("no private directory for nbmon: " + "; ".join(str(err) for err in refused)))
+
+
+def fallback_note() -> str:
+    """'' when nbmon's files are in the first of their places there is (see
+    the module's doc), else one line saying which unsafe place was passed
+    over and where they are instead (as of the last :func:`private_dir`)."""
+    return _note[0]
 
 
 def private_dir(*parts: str) -> str:
@@ -106,10 +169,15 @@ def pid_started(pid: int) -> int | None:
     process for good, even once the pid is reused."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat_line = f.read()
-        return int(stat_line[stat_line.rindex(b")") + 2:].split()[19])
+            return started_in(f.read())
     except (OSError, ValueError, IndexError):
         return None
+
+
+def started_in(stat_line: bytes) -> int:
+    """The start time in a /proc/<pid>/stat line (ValueError, IndexError if
+    it is not one)."""
+    return int(stat_line[stat_line.rindex(b")") + 2:].split()[19])
 
 
 def alive(pid: int, started: int) -> bool:

@@ -117,6 +117,47 @@ def test_a_monitor_that_stops_removes_its_box(boxes):
     assert monitor.faults == {}
 
 
+BEYOND_THE_BUDGET = """
+    import json, os, resource, time
+    resource.setrlimit(resource.RLIMIT_NOFILE, (80, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    from nbmon import blackbox
+    from nbmon.engine import Monitor
+    from nbmon.blackbox import CellNote
+    from nbmon.notebook.host import watch_kernel
+    from nbmon.sources.procfs import BUDGET, fd_budget
+    def boxes_open():
+        held = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                held += os.readlink(f"/proc/self/fd/{fd}").endswith(blackbox.SUFFIX)
+            except OSError:   # the listing's own
+                pass
+        return held
+    monitor, note = Monitor(interval=0.05, gpu=False, system=False), CellNote()
+    watch_kernel(monitor, note)
+    BUDGET.take(fd_budget() - BUDGET.held)   # the user's other monitors hold the budget
+    with monitor:
+        box = [c for c in monitor.consumers if isinstance(c, blackbox.BlackBox)][0]
+        note.started(7, "x = 1")
+        deadline = time.monotonic() + 30
+        while box.writes < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held = min(boxes_open() for _ in range(5))   # kept open (not a write in flight)
+        read = blackbox.read_box(box.path)
+    print(json.dumps({"writes": box.writes, "held": held, "cell": read.cell.number, "records": len(read.records),
+                      "faults": list(monitor.faults)}))
+"""
+
+
+def test_a_box_beyond_the_fd_budget_holds_no_descriptor_and_is_written_all_the_same(boxes):
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(BEYOND_THE_BUDGET)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["held"] == 0, got                  # before: the box's descriptor, beyond the budget
+    assert got["writes"] >= 3 and got["records"] >= 2 and got["cell"] == 7 and got["faults"] == [], got
+
+
 def test_a_box_closed_at_exit_stays_closed_while_the_sampler_runs_on(boxes):
     # At exit the monitor's threads (daemons) still run until the interpreter
     # stops them; a consume() after the exit hook must not open a new box,
@@ -224,6 +265,58 @@ def test_a_damaged_record_loses_that_record_only(boxes):
     again = blackbox.decode(bytes(image))
     assert again.damaged == 1 and [r.seq for r in again.records] == [r.seq for r in box.records[1:]]
     assert again.cell == box.cell
+
+
+def test_many_stale_boxes_never_hide_the_newest_death(boxes):
+    """300 boxes of kernels that died an hour ago, named to sort before any
+    real pid's; then a kernel dies. Before, only the first 256 names were
+    read: claim() and last_death() gave a stale death, never this one."""
+    stale = _image(boxes)
+    for name in os.listdir(boxes):
+        os.unlink(boxes / name)
+    hour_ago = time.time() - 3600
+    for k in range(1, 301):
+        path = boxes / f"{k:05d}-{k}-00000000.box"
+        path.write_bytes(_with_header(stale, pid=k, started=10**15 + k))   # a start no process has
+        path.chmod(0o600)
+        os.utime(path, (hour_ago, hour_ago))
+    newest = blackbox.decode(dead_kernel(boxes).read_bytes()).header["pid"]
+    assert postmortem.last_death("").pid == newest
+    death, problem = postmortem.claim("")
+    assert problem == "" and death.pid == newest
+    # The sweep: the newest 256 read, the dead among them but the newest 16 removed; the older 45 kept a week.
+    assert len(os.listdir(boxes)) == postmortem.KEEP_DEAD + 301 - postmortem.MAX_ENTRIES
+
+
+def test_a_session_name_too_long_for_the_header_is_matched_whole(boxes, monkeypatch):
+    """Before, the name cut to fit the header matched no notebook ever again:
+    no post-mortem, and nothing said."""
+    name = "/home/someone/" + "a deeper folder/" * 160 + "train.ipynb"
+    monkeypatch.setenv("JPY_SESSION_NAME", name)
+    box = blackbox.decode(dead_kernel(boxes).read_bytes())
+    assert box.header["notebook"] != name and "\u2026" in box.header["notebook"]   # it was cut
+    twin = name[:1000] + "#" + name[1001:]   # another notebook, cut the same
+    assert postmortem.claim(twin) == (None, "")
+    death, problem = postmortem.claim(name)
+    assert problem == "" and death is not None and death.pid == box.header["pid"]
+    assert postmortem.last_death(name).pid == box.header["pid"]
+
+
+def test_a_newline_in_the_session_name_forges_no_row(boxes, monkeypatch):
+    """Before, the name's second line read as a row of the table: "Cause
+    killed by the OOM killer at 1.0 TiB"."""
+    forged = "a.ipynb\n  Cause                     killed by the OOM killer at 1.0 TiB\u2028"
+    monkeypatch.setenv("JPY_SESSION_NAME", forged)
+    dead_kernel(boxes)
+    text = str(postmortem.last_death(forged))
+    cli = subprocess.run([sys.executable, "-m", "nbmon.cli", "postmortem"], capture_output=True, text=True,
+                         timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    for shown in (text, cli.stdout):
+        causes = [line for line in shown.splitlines() if line.lstrip().startswith("Cause")]
+        assert len(causes) == 1 and "stopped without exiting normally" in causes[0], shown
+        assert len(shown.strip().splitlines()) == len(text.splitlines()) and "\u2028" not in shown, shown
+    assert "Notebook" in text and "a.ipynb\\n  Cause" in text
 
 
 def test_a_box_from_before_the_last_boot_is_a_host_restart(boxes):

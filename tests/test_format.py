@@ -134,3 +134,10 @@ def test_html_table_escapes():
 
     out = html_table("a<b", [("Peak RSS", fmt(1536, "MiB")), ("x&y", MISSING)], status="failed")
     assert "a&lt;b" in out and "x&amp;y" in out and "<td" in out and "1.5 GiB" in out and 'data-status="failed"' in out
+
+
+def test_one_line_shows_every_line_break_and_control_as_its_escape():
+    from nbmon.format import one_line
+
+    assert one_line("a.ipynb\n  Cause\u2028x\u2029\r\x1b[2J\x85\tend") == \
+        "a.ipynb\\n  Cause\\u2028x\\u2029\\r\\x1b[2J\\x85\tend"

@@ -571,16 +571,24 @@ def test_a_host_lock_the_other_user_holds_leaves_the_hosts_figures_reported(dask
         assert watch.stop() == {}
 
 
-def test_a_private_directory_the_other_user_made_first_is_said_not_silent(other_user, shared_dir, monkeypatch):
+@pytest.mark.parametrize("home_mode", [0o700, 0o777])
+def test_a_private_directory_the_other_user_made_first_is_passed_over_or_said(other_user, shared_dir, tmp_path,
+                                                                              monkeypatch, home_mode):
     """On a host where /tmp is shared (here a directory like it, as TMPDIR of
-    the workers), the second user made ``nbmon-<uid>`` before the victim: the
-    host lock cannot be had, and the view says so."""
+    the workers), the second user made ``nbmon-<uid>`` before the victim:
+    the host lock is kept under the victim's home instead, and the host's
+    figures come; where the home is open to others too, the view says why
+    there are none."""
     from distributed import Client, LocalCluster
 
     import nbmon.dask
     from nbmon.notebook.cluster import ClusterView
 
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chmod(home, home_mode)
     monkeypatch.setenv("TMPDIR", shared_dir)
+    monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     other_user.python("import os, sys; os.mkdir(sys.argv[1], 0o777)", os.path.join(shared_dir, f"nbmon-{os.geteuid()}"))
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
@@ -590,15 +598,24 @@ def test_a_private_directory_the_other_user_made_first_is_said_not_silent(other_
             assert watch.ready(20)
             view = ClusterView(watch, start=False)
             (feed,) = watch.collector.workers()
+            if home_mode == 0o700:
+                wait_until(lambda: feed.about.get("machine"), what="the host's figures from the worker")
+            reporting = feed.about.get("machine")
             view.refresh(force=True)
             said = " ".join(note["text"] for note in view.widget._nbmon["layout"]["annotations"])
             record = view.close().html
         finally:
             nbmon.dask.unwatch()
-    figure("private directory taken by another user", said=said)
-    expected = f"no machine figures on {feed.host}: no host lock: {shared_dir}/nbmon-{os.geteuid()} belongs to uid"
-    assert expected in said and expected in record
-    assert not feed.about["machine"]
+    figure(f"private directory taken by another user, home {home_mode:o}", said=said)
+    if home_mode == 0o700:
+        assert reporting and "no machine figures" not in said + record
+        assert os.listdir(home / ".cache" / "nbmon")   # the host lock's place
+    else:
+        expected = (f"no machine figures on {feed.host}: no host lock: no private directory for nbmon: "
+                    f"{shared_dir}/nbmon-{os.geteuid()} belongs to uid")
+        assert expected in said and expected in record
+        assert "is writable by other users" in said
+        assert not reporting
 
 
 def test_a_user_who_may_not_remove_the_planted_file_is_told_before_anything_runs(other_user, shared_dir, tmp_path):

@@ -158,3 +158,38 @@ def test_a_spike_is_taken_once_even_after_a_thread_saw_it_exit():
         assert mark.take_kb() < rss_kb + 20 * MIB_KB   # gone: not reported again
     finally:
         mark.close()
+
+
+BEYOND_THE_BUDGET = r"""
+import json, os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (80, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from nbmon.sources.peaks import PeakMark
+from nbmon.sources.procfs import BUDGET, fd_budget
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+BUDGET.take(fd_budget() - 3)   # room for one mark's three descriptors
+kept, by_path = PeakMark(os.getpid()), PeakMark(os.getpid())
+before = fds()
+opened = [kept.open(), by_path.open()]
+held = fds() - before
+kept.take_kb(), by_path.take_kb()
+block = bytearray(150 << 20)
+del block
+peaks = [by_path.take_kb(), kept.take_kb()]   # the one without descriptors resets first
+print(json.dumps({"opened": opened, "held": held,
+                  "peaks_mib": [p / 1024 for p in peaks], "after_takes": fds() - before,
+                  "budget": BUDGET.held}))
+kept.close(), by_path.close()
+"""
+
+
+def test_a_mark_beyond_the_fd_budget_keeps_no_descriptor_and_gets_every_spike():
+    """``ulimit -n 80``: the budget (5 %: 4, 3 of them left) holds one
+    mark's descriptors; the second mark opens its files for each take only."""
+    done = subprocess.run([sys.executable, "-c", BEYOND_THE_BUDGET], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["opened"] == [True, True], got
+    assert got["held"] == 3 and got["after_takes"] == 3, got   # one mark's three (before: 6), none left by takes
+    assert got["budget"] == 80 * 5 // 100, got                  # and counted (before: not)
+    assert min(got["peaks_mib"]) >= 150, got                   # both readers got the spike

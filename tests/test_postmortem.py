@@ -253,3 +253,54 @@ def test_two_kernels_at_once_each_their_own_box(private_dir, tmp_path):
             (record,) = postmortems(a2.run("%load_ext nbmon"))
             assert f"pid {a.pid} " in record and "a.ipynb" in record
     assert b.pid not in boxes(private_dir).values()  # b shut down normally: its box went with it
+
+
+@pytest.fixture
+def other_host_kernelspec(tmp_path, monkeypatch):
+    """A kernel as on another host whose home (and so nbmon's private
+    directory) this one shares: a host name and a boot id of its own (its
+    own UTS and mount namespaces, a file bound over the kernel's boot_id).
+    Yields the kernel name and the host name."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: it makes namespaces and bind-mounts a boot id")
+    boot = tmp_path / "boot_id"
+    boot.write_text("0f0e0d0c-0b0a-4908-8706-050403020100\n")
+    spec = tmp_path / "jupyter" / "kernels" / "otherhost"
+    spec.mkdir(parents=True)
+    host = "nbmon-other-host"
+    launch = f'hostname {host} && mount --bind "$1" /proc/sys/kernel/random/boot_id && ' \
+             'exec "$2" -m ipykernel_launcher -f "$0"'
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": ["unshare", "--uts", "--mount", "--propagation", "private", "/bin/sh", "-c", launch,
+                 "{connection_file}", str(boot), sys.executable],
+        "display_name": "other host", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    yield "otherhost", host
+
+
+def test_a_kernel_on_another_host_sharing_the_directory_is_told_there_only(private_dir, other_host_kernelspec):
+    """A live kernel of the same notebook on another host: never a death
+    here (before: "the host restarted while the kernel ran", and its box
+    renamed as shown); once it died, told by the next kernel on its host."""
+    kernel_name, host = other_host_kernelspec
+    notebook = "shared.ipynb"
+    with Kernel(notebook, kernel_name) as far:
+        far.run("%load_ext nbmon")
+        far.run("%resmon auto on")
+        wait_until(lambda: far.pid in boxes(private_dir).values(), what="the far kernel's black box")
+        (name,) = boxes(private_dir)
+        with Kernel(notebook) as near:
+            assert postmortems(near.run("%load_ext nbmon")) == []
+            assert last_death(near) is None
+        listed = subprocess.run([sys.executable, "-m", "nbmon.cli", "postmortem"], capture_output=True,
+                                text=True, timeout=60)
+        assert f"a kernel on another host ({host})" in listed.stderr, listed.stderr
+        assert list(boxes(private_dir)) == [name]   # untouched: still a live kernel's .box
+        os.kill(far.pid, signal.SIGKILL)
+        assert far.process.wait(30) == -signal.SIGKILL
+    with Kernel(notebook) as near:
+        assert postmortems(near.run("%load_ext nbmon")) == []   # dead or not cannot be told from here
+    with Kernel(notebook, kernel_name) as again:
+        (record,) = postmortems(again.run("%load_ext nbmon"))
+        assert "stopped without exiting normally" in record and "restarted" not in record, record
+        assert f"pid {far.pid} on {host}" in record, record

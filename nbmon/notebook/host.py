@@ -33,6 +33,7 @@ from ..format import fmt, printable
 from ..memwarn import MemoryWatch
 from ..options import Options
 from ..render import html_table, text_table
+from ..runtime import fallback_note
 from ..senders import open_streams
 from ..store import BUCKET, Store
 from ..summary import ResourceSummary, headline, summarize
@@ -101,7 +102,8 @@ class SessionHost:
     # -- start-up -----------------------------------------------------------------
     def hello(self) -> dict:
         """At ``%load_ext``: the post-mortem of this notebook's last kernel if it
-        died unseen (its outputs), and any problem reading it."""
+        died unseen (its outputs), any problem reading it, and which private
+        place nbmon's files go to when the first one was taken (``note``)."""
         try:
             death, problem = postmortem.claim()
             record = death_record(death) if death is not None else None
@@ -112,7 +114,7 @@ class SessionHost:
             outputs.append(bundle(record.table()))
             if record.timeline is not None:
                 outputs.append(bundle(record.picture()))
-        return {"outputs": outputs, "problem": problem}
+        return {"outputs": outputs, "problem": problem, "note": fallback_note()}
 
     # -- the monitor --------------------------------------------------------------
     def _monitor(self, options: dict | None, owner: str) -> tuple[Monitor, bool]:

@@ -119,7 +119,8 @@ class _Outlet:
 
 def _said(err: Exception) -> None:
     """An nbmon error never reaches the user's cell: one line, and the cell runs on."""
-    print(printable(f"nbmon: {err}"), file=sys.stderr, flush=True)
+    text = str(err)
+    print(printable(text if text.startswith("nbmon") else f"nbmon: {text}"), file=sys.stderr, flush=True)
 
 
 @magics_class
@@ -212,8 +213,8 @@ class ResmonMagics(Magics):
         except ValueError as err:
             raise UsageError(str(err)) from None
         outputs = {name: os.path.abspath(path) for name, path in outputs.items()}   # the kernel's cwd, not the host's
-        host = SESSION.host_for(backend)
         try:
+            host = SESSION.host_for(backend)
             info = host.info()
             if info["running"] and hasattr(args, "interval") and options.interval != info["interval"]:
                 print(f"nbmon: already sampling every {info['interval']:g} s; "
@@ -332,19 +333,18 @@ class ResmonMagics(Magics):
                                     meter=not args.quiet)
         except Exception as err:  # noqa: BLE001 - the cell runs unmonitored
             _said(err)
-            return self._execute(cell, number)
+            value = self._run_users_cell(cell, number)
+            return None if args.output else value
         dask_cell, record = _dask_cell(opened, args.label, number)
         status, summary = "ok", None
         try:
             with dask_cell:
                 try:
-                    value = self._execute(cell, number)
+                    value = self._run_users_cell(cell, number)
                 except BaseException as err:
                     status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
                     if record is not None:
                         record.ended_with(err)   # before the Dask hook's exit copies the status
-                    if not isinstance(err, KeyboardInterrupt):
-                        _user_traceback(shell, err)
                     raise
         finally:
             # Shown on failure too; the exception then propagates unchanged.
@@ -373,6 +373,15 @@ class ResmonMagics(Magics):
             if closed.get("picture") is not None:
                 _show(closed["picture"])
         return ResourceSummary.from_dict(closed["summary"]) if "summary" in closed else None
+
+    def _run_users_cell(self, cell: str, number: int):
+        """:meth:`_execute`; what the cell raises is shown from its own frames on."""
+        try:
+            return self._execute(cell, number)
+        except BaseException as err:
+            if not isinstance(err, KeyboardInterrupt):
+                _user_traceback(self.shell, err)
+            raise
 
     def _execute(self, cell: str, number: int):
         """Run the cell in the user namespace; return its last expression's value."""
@@ -464,9 +473,9 @@ def load(ipython) -> None:
         return
     try:
         hello = SESSION.connect(kernel=getattr(ipython, "kernel", None) is not None, outlet=_Outlet())
-    except Exception as err:  # noqa: BLE001 - never let nbmon stop the kernel
+    except Exception as err:  # noqa: BLE001 - never let nbmon stop the kernel: its magics say why again
         _said(err)
-        return
+        hello = {"outputs": [], "problem": "", "note": ""}
     magics = ResmonMagics(ipython)
     ipython.register_magics(magics)
     ipython.events.register("pre_run_cell", magics._cell_started)
@@ -476,6 +485,8 @@ def load(ipython) -> None:
         _said(f"{SESSION.why_local}; the session runs in the kernel")
     if hello["problem"]:
         _said(f"no post-mortem: {hello['problem']}")
+    elif hello["note"]:   # the first private place was taken: which one is used
+        _said(hello["note"])
     for bundle in hello["outputs"]:   # the post-mortem of this notebook's last kernel, if it died
         _show(bundle)
 

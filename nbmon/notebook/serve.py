@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 
+from ..launch import StartError
 from .remote import CALLS, NOTES, Reader, pack, write_all
 
 PARENT_CHECK_S = 1.0
@@ -131,6 +132,8 @@ def _answer(host, head) -> tuple[dict, list]:
         return {"id": head.get("id"), "error": f"no such call: {method!r}"}, []
     try:
         value = getattr(host, method)(*head.get("args", ()), **head.get("kwargs", {}))
+    except (StartError, ValueError) as err:   # nbmon's own sentences
+        return {"id": head["id"], "error": str(err)}, []
     except Exception as err:  # noqa: BLE001 - said in the kernel, in one line
         return {"id": head["id"], "error": f"{type(err).__name__}: {err}" if str(err) else type(err).__name__}, []
     buffers = value.pop("buffers", []) if isinstance(value, dict) else []

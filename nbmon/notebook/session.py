@@ -15,6 +15,7 @@ import dataclasses
 import os
 import sys
 
+from ..launch import check_room
 from ..options import Options
 from ..summary import ResourceSummary
 
@@ -62,7 +63,8 @@ class Session:
         self.outlet = outlet or self.outlet
         if self.host is not None:   # started from a script: the notebook's outputs from now on
             self.host.outlet = self.outlet
-            return {"outputs": [], "problem": ""}
+            return {"outputs": [], "problem": "", "note": ""}
+        check_room()
         self.host = self._new_host(backend)
         return self.host.hello()
 
@@ -89,6 +91,7 @@ class Session:
         """The host to run a monitor on: the current one, unless ``backend``
         asks for the other kind and no monitor runs yet (``"thread"``: in
         the kernel; ``"process"``: in a helper)."""
+        check_room()   # what starts next opens descriptors here too (pyzmq's, for a big message: it aborts without)
         host = self.host
         if host is None:
             self.connect(kernel=self.kernel, backend=backend or DEFAULT_BACKEND)

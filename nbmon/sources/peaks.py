@@ -28,6 +28,12 @@ turns exact peaks off for that process with a reason in words
 are named by the target's pid *and* start time (a reused pid never shares a
 dead process's board), removed by their last reader, at interpreter exit,
 and swept when their process is gone.
+
+A mark's three descriptors (clear_refs, status, its board) count against
+the fd budget of :mod:`.procfs`, as the tree's own files do: beyond it a
+mark opens them for each take and closes them again, so a pool of 500
+children under ``ulimit -n 256`` keeps as few descriptors open with exact
+peaks as without.
 """
 from __future__ import annotations
 
@@ -39,8 +45,8 @@ import struct
 import time
 import weakref
 
-from ..runtime import alive, open_private, pid_started, private_dir
-from .procfs import pread
+from ..runtime import alive, open_private, pid_started, private_dir, started_in
+from .procfs import BUDGET, pread, read_path
 
 CLEAR_REFS_RESET_PEAK = b"5"   # proc(5): resets the peak RSS (VmHWM) to the current RSS
 SLOTS = 32                     # readers of one process at a time
@@ -106,87 +112,121 @@ class PeakMark:
     since this reader's previous take (or since open), and resets the mark;
     NaN if it is unknown now (the process exited, or the board was busy:
     the next take then has it).
+
+    A mark keeps its three descriptors (clear_refs, status, the board) open
+    while :data:`~.procfs.BUDGET` grants all three; otherwise it opens them
+    for each use and closes them after, checking by the start time that the
+    pid still names its process (a path names whoever has the pid now).
     """
 
     def __init__(self, pid: int):
         self.pid = pid
         self.error = ""
         self.path = ""
-        self._status_fd = self._clear_fd = self._board_fd = -1
+        self.started = -1
+        self._fds: tuple[int, int, int] | None = None   # (clear_refs, status, board), kept
         self._slot = -1
+
+    @property
+    def kept(self) -> bool:
+        return self._fds is not None
 
     def open(self) -> bool:
         started = pid_started(self.pid)
         if started is None:
             self.error = f"no process {self.pid}"
             return False
+        self.started = started
         try:
-            self._clear_fd = os.open(f"/proc/{self.pid}/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
-            self._status_fd = os.open(f"/proc/{self.pid}/status", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as err:  # another user's process, or a kernel without clear_refs
-            self.error = f"cannot reset the high-water mark of pid {self.pid}: {err.strerror}"
-            self._close_fds()
+            target = self._open_target()
+        except OSError as err:  # another user's process, a kernel without clear_refs, no descriptor left
+            self.error = f"cannot reset the high-water mark of pid {self.pid}: {err.strerror or err}"
             return False
+        keep = BUDGET.take(3)
+        board = -1
         try:
             directory = private_dir("peaks")
             if time.monotonic() - _swept_at[0] >= SWEEP_EVERY_S:
                 _swept_at[0] = time.monotonic()
                 sweep(directory)
             self.path = os.path.join(directory, f"{self.pid}-{started}")
-            self._join_board()
-        except OSError as err:
+            board = self._locked_board(OPEN_WAIT_S)
+            if board < 0:
+                raise OSError(errno.EWOULDBLOCK, f"its board {self.path} stayed locked for {OPEN_WAIT_S:g} s")
+            self._join(board, *target)
+            fcntl.flock(board, fcntl.LOCK_UN)
+        except BaseException as err:
+            _close(*target)
+            if board >= 0:
+                os.close(board)
+            if keep:
+                BUDGET.give_back(3)
+            if not isinstance(err, OSError):
+                raise
             self.error = f"no board for pid {self.pid}'s peaks: {err}"
-            self._close_fds()
             return False
+        if keep:
+            self._fds = (*target, board)
+        else:
+            _close(*target, board)
         _open_marks.add(self)
         return True
 
-    def _join_board(self) -> None:
-        deadline = time.monotonic() + OPEN_WAIT_S
+    def _open_target(self) -> tuple[int, int]:
+        """clear_refs and status of the process, opened now; then checked to
+        be this process's (it held the pid after they were opened)."""
+        clear = os.open(f"/proc/{self.pid}/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            status = os.open(f"/proc/{self.pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        except BaseException:
+            os.close(clear)
+            raise
+        try:   # read with the GIL held: on every take of a mark beyond the budget
+            same = started_in(read_path(f"/proc/{self.pid}/stat", 1024)) == self.started
+        except (OSError, ValueError, IndexError):
+            same = False
+        if not same:
+            _close(clear, status)
+            raise ProcessLookupError(errno.ESRCH, f"pid {self.pid} is gone", f"/proc/{self.pid}")
+        return clear, status
+
+    def _locked_board(self, wait_s: float) -> int:
+        """A descriptor of the board, locked (-1 if its lock stayed held for
+        ``wait_s``): the kept one, or one opened now (made if missing) of
+        the file at its name -- not one its last reader removed meanwhile."""
+        if self._fds is not None:
+            return self._fds[2] if _lock(self._fds[2], wait_s) else -1
+        deadline = time.monotonic() + wait_s
         while True:
             fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
             if not _lock(fd, max(0.0, deadline - time.monotonic())):
                 os.close(fd)
-                raise OSError(errno.EWOULDBLOCK, f"its board {self.path} stayed locked for {OPEN_WAIT_S:g} s")
-            # A last reader may have removed the board between our open and
-            # our lock: then this is a dead file nobody else will find.
+                return -1
             try:
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 same = False
+            except BaseException:
+                os.close(fd)
+                raise
             if same:
-                break
+                return fd
             os.close(fd)
-        self._board_fd = fd
-        try:
-            # Room first: the disk (tmpfs) may be full, and the board must
-            # never be short of what is written into it.
-            os.posix_fallocate(fd, 0, _BOARD.size)
-            board = self._read()
-            # What the mark holds now belongs to the readers already there.
-            self._fold(board, self._read_kb())
-            self._slot = self._claim(board)
-            self._write(board)
-        except BaseException:
-            self._board_fd = -1
-            os.close(fd)
-            raise
-        finally:
-            if self._board_fd >= 0:
-                fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def _read(self) -> list[int]:
-        """The board's words; a board that is not one (new, short, or
-        garbage) starts over empty."""
-        data = os.pread(self._board_fd, _BOARD.size, 0)
-        words = list(_BOARD.unpack(data)) if len(data) == _BOARD.size else []
-        if not words or words[0] != _MAGIC or not 0 <= words[1] <= SLOTS \
-                or any(not 0 <= w <= _MAX_KB for w in words[_HEADER + 2::_SLOT]):
-            words = [_MAGIC, 0] + [0] * (_SLOT * SLOTS)
-        return words
+    def _release(self, board: int) -> None:
+        fcntl.flock(board, fcntl.LOCK_UN)
+        if self._fds is None:
+            os.close(board)
 
-    def _write(self, board: list[int]) -> None:
-        os.pwrite(self._board_fd, _BOARD.pack(*board), 0)
+    def _join(self, board: int, clear: int, status: int) -> None:
+        # Room first: the disk (tmpfs) may be full, and the board must
+        # never be short of what is written into it.
+        os.posix_fallocate(board, 0, _BOARD.size)
+        words = _read(board)
+        # What the mark holds now belongs to the readers already there.
+        self._fold(words, _read_kb(clear, status))
+        self._slot = self._claim(words)
+        _write(board, words)
 
     @staticmethod
     def _slots(board: list[int]):
@@ -203,17 +243,6 @@ class PeakMark:
                 return base
         raise OSError(errno.EUSERS, f"more than {SLOTS} readers of one process's peak")
 
-    def _read_kb(self) -> float:
-        """The mark now, in KiB, and reset it. (Not getrusage's ru_maxrss for
-        this process: it keeps the mark each exiting thread saw, for good.)"""
-        status = pread(self._status_fd, 4096)
-        at = status.find(b"VmHWM:")
-        if at < 0:  # exited (a zombie has no memory)
-            return float("nan")
-        peak = float(status[at + 6:status.index(b"kB", at)])
-        os.write(self._clear_fd, CLEAR_REFS_RESET_PEAK)
-        return peak
-
     def _fold(self, board: list[int], peak_kb: float) -> None:
         if peak_kb != peak_kb:
             return
@@ -223,43 +252,60 @@ class PeakMark:
                 board[base + 2] = value
 
     def take_kb(self) -> float:
-        fd = self._board_fd
-        if fd < 0 or not _lock(fd, TAKE_WAIT_S):
+        if self._slot < 0:
             return float("nan")
         try:
-            board = self._read()
+            clear, status = self._fds[:2] if self._fds is not None else self._open_target()
+        except OSError:  # the process is gone (or no descriptor is left now: the next take has it)
+            return float("nan")
+        try:
+            board = self._locked_board(TAKE_WAIT_S)
+        except OSError:
+            board = -1
+        if board < 0:
+            if self._fds is None:
+                _close(clear, status)
+            return float("nan")
+        try:
+            words = _read(board)
             try:
-                self._fold(board, self._read_kb())
+                self._fold(words, _read_kb(clear, status))
             except OSError:  # the process is gone
                 return float("nan")
             base = self._slot
-            if tuple(board[base:base + 2]) != _self():  # the board was started over: join again
-                self._slot = base = self._claim(board)
-            peak = board[base + 2]
-            board[base + 2] = 0
-            self._write(board)
+            if tuple(words[base:base + 2]) != _self():  # the board was started over: join again
+                self._slot = base = self._claim(words)
+            peak = words[base + 2]
+            words[base + 2] = 0
+            _write(board, words)
         except OSError:
             return float("nan")
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            self._release(board)
+            if self._fds is None:
+                _close(clear, status)
         return float(peak) if peak else float("nan")
 
     def close(self) -> None:
         """Leave the board (removed with its last reader)."""
-        fd = self._board_fd
-        if fd >= 0 and self._slot >= 0 and _lock(fd, TAKE_WAIT_S):
+        if self._slot >= 0:
             try:
-                board = self._read()
-                if tuple(board[self._slot:self._slot + 2]) == _self():
-                    board[self._slot:self._slot + 3] = [0, 0, 0]
-                if not any(board[b] and alive(board[b], board[b + 1]) for b in self._slots(board)):
-                    os.unlink(self.path)
-                else:
-                    self._write(board)
+                board = self._locked_board(TAKE_WAIT_S)
             except OSError:
-                pass
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+                board = -1
+            if board >= 0:
+                try:
+                    words = _read(board)
+                    if tuple(words[self._slot:self._slot + 2]) == _self():
+                        words[self._slot:self._slot + 3] = [0, 0, 0]
+                    if not any(words[b] and alive(words[b], words[b + 1]) for b in self._slots(words)):
+                        os.unlink(self.path)
+                    else:
+                        _write(board, words)
+                except OSError:
+                    pass
+                finally:
+                    self._release(board)
         self.abandon()
 
     def abandon(self) -> None:
@@ -267,13 +313,42 @@ class PeakMark:
         the slot is its parent's)."""
         self._slot = -1
         _open_marks.discard(self)
-        self._close_fds()
+        fds, self._fds = self._fds, None
+        if fds is not None:
+            _close(*fds)
+            BUDGET.give_back(3)
 
-    def _close_fds(self) -> None:
-        for fd in (self._status_fd, self._clear_fd, self._board_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._status_fd = self._clear_fd = self._board_fd = -1
+
+def _read(board: int) -> list[int]:
+    """The board's words; a board that is not one (new, short, or garbage)
+    starts over empty."""
+    data = os.pread(board, _BOARD.size, 0)
+    words = list(_BOARD.unpack(data)) if len(data) == _BOARD.size else []
+    if not words or words[0] != _MAGIC or not 0 <= words[1] <= SLOTS \
+            or any(not 0 <= w <= _MAX_KB for w in words[_HEADER + 2::_SLOT]):
+        words = [_MAGIC, 0] + [0] * (_SLOT * SLOTS)
+    return words
+
+
+def _write(board: int, words: list[int]) -> None:
+    os.pwrite(board, _BOARD.pack(*words), 0)
+
+
+def _read_kb(clear: int, status: int) -> float:
+    """The mark now, in KiB, and reset it. (Not getrusage's ru_maxrss for
+    this process: it keeps the mark each exiting thread saw, for good.)"""
+    text = pread(status, 4096)
+    at = text.find(b"VmHWM:")
+    if at < 0:  # exited (a zombie has no memory)
+        return float("nan")
+    peak = float(text[at + 6:text.index(b"kB", at)])
+    os.write(clear, CLEAR_REFS_RESET_PEAK)
+    return peak
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _close_all_at_exit() -> None:

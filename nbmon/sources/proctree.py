@@ -16,8 +16,10 @@ when nothing forked.
 **Descriptors.** A process's ``stat`` and ``status`` are kept open while
 the fd budget of :mod:`.procfs` lasts (64, or 5 % of ``RLIMIT_NOFILE``),
 and read by path beyond it (its start time checked, so a reused pid is not
-mistaken for it); a read that fails for want of descriptors keeps the
-process and counts a fault, never drops it from the tree.
+mistaken for it); so are the exact peaks' files (:mod:`.peaks`). A read
+that fails for want of descriptors keeps the process and counts a fault,
+never drops it from the tree; a child that could not be listed or read
+then is looked for again at the next sample.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import time
 
 from .. import catalog
 from ..options import SLOW_EVERY_S
+from ..runtime import pid_started
 from ..values import NAN
 from .cgroup import cgroup_dirs, cpu_limit
 from .memory import (FAULT_KB_PER_S, SHARED_MOVE_MB, UNMAP_SLACK_KB, WALK_NOW_KB, Interval, Status, Walker, parse_status,
@@ -533,7 +536,10 @@ class _ProcBackend:
                                      file_kb=proc.file_kb, shmem_kb=proc.shmem_kb)
         rss = status.rss_kb if not proc.exited else 0.0
         lo = max(proc.start_kb, rss)
-        if proc.mark is not None and (proc.ran or slow):
+        # A child that did not run cannot have raised its mark: it is not taken
+        # (beyond the fd budget a take opens three files). The root is taken on
+        # the cadence too: its "ran" leaves out the others' CPU under OTHERS_IDLE_S.
+        if proc.mark is not None and (proc.ran or (slow and proc.pid == self.tree.pid)):
             taken = proc.mark.take_kb()   # exact_peaks: the mark since the last take, reset
             peak = bound = max(lo, taken) if taken == taken else lo
         elif status.hwm_kb < proc.hwm_kb:
@@ -677,9 +683,11 @@ class _ProcBackend:
             try:
                 pids = all_thread_child_pids(parent_pid)
             except OSError as err:
-                if err.errno not in GONE:
+                if err.errno not in GONE:   # EMFILE, say: counted, and listed again next time
                     self.errors.append(f"children of pid {parent_pid}: {err.strerror or err}")
                     interval.missed = True
+                    if parent is not None:
+                        parent.scan = True
                 continue
             for pid in pids:
                 if pid in known or pid in EXCLUDED:
@@ -693,9 +701,11 @@ class _ProcBackend:
                 except OSError as err:  # exited between the listing and a read
                     if child is not None:
                         child.close()
-                    if err.errno not in GONE:
+                    if err.errno not in GONE:   # EMFILE, say: counted, and read again next time
                         self.errors.append(f"pid {pid}: {err.strerror or err}")
                         interval.missed = True
+                        if parent is not None:
+                            parent.scan = True
                     continue
                 known[pid] = child
                 found.append(child)
@@ -718,6 +728,8 @@ class _ProcBackend:
             mark = PeakMark(child.pid)
             if mark.open():
                 child.mark = mark
+            elif pid_started(child.pid) is not None:   # there, but its peaks are read without resets
+                self.errors.append(f"exact peaks are off for pid {child.pid}: {mark.error}")
         # Born since the previous sample: its mark is its peak in this interval.
         # Found late: it was missed in the samples before.
         born_s = child.started * _TICK_S
