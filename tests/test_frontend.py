@@ -4,10 +4,12 @@ text anywidget loads, and what it refuses to join."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 
 import pytest
 
-from nbmon.notebook import frontend
+from nbmon.notebook import frontend, live
 
 
 def write(root, files):
@@ -89,3 +91,34 @@ def test_a_module_is_joined_once_a_process(tmp_path):
     first = frontend.module("entry.js", root)
     (root / "entry.js").write_text("export default { changed: true };\n", encoding="utf-8")
     assert frontend.module("entry.js", root) is first
+
+
+# The widgets' entries, and what anywidget calls on each one's default export.
+ENTRIES = {"dashboard.js": ["initialize", "render"], "meter.js": ["render"]}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+def test_a_widget_module_is_one_text_with_no_import_and_one_default_export(entry):
+    text = frontend.module(entry)
+    assert not re.search(r"^\s*import\b(?!\s*[(.])", text, re.M), "a static import left"
+    assert len(re.findall(r"^export default\b", text, re.M)) == 1
+    assert sections(text)[-1] == entry and sections(text).count("format.js") == 1
+
+
+@pytest.mark.parametrize("entry, calls", sorted(ENTRIES.items()))
+def test_a_widget_module_runs(entry, calls, tmp_path):
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node is not on PATH; the front end's tests need Node.js >= 20")
+    path = tmp_path / "widget.mjs"
+    path.write_text(frontend.module(entry), encoding="utf-8")
+    code = ("const widget = (await import(process.argv[1])).default;\n"
+            "console.log(Object.keys(widget).filter((k) => typeof widget[k] === 'function').join(','));")
+    done = subprocess.run([node, "--input-type=module", "-e", code, path.as_uri()],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [",".join(calls)]
+
+
+def test_the_live_chart_loads_the_joined_dashboard():
+    assert live.LOADER is frontend.module("dashboard.js")

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import frontend
 from .charts import Record
 
 DEFAULT_REFRESH_HZ = 2.0   # frames a second at most: ~2 KiB/s of websocket traffic at 10 Hz sampling
@@ -69,7 +70,7 @@ RECORD_EVERY_S = 30.0      # the static record is re-sent this often, and after 
 RECORD_MIN_S = 2.0         # ...but not more often than this (1,000 quick cells: not 1,000 records)
 TIMELINE_SAMPLES = 3       # a record's picture needs two samples after its window's opening one
 FIRST_SAMPLE_WAIT_S = 2.0  # a view built by its refresher waits this long for a first sample
-LOADER = (pathlib.Path(__file__).parent / "static" / "dashboard.js").read_text(encoding="utf-8")
+LOADER = frontend.module("dashboard.js")   # js/dashboard.js and the modules it imports, as one text
 EVENTS = ("hover", "unhover", "click", "select", "deselect")   # plotly's trace events
 _classes: dict[str, type] = {}
 _classes_lock = threading.Lock()
