@@ -93,15 +93,24 @@ def test_a_module_is_joined_once_a_process(tmp_path):
     assert frontend.module("entry.js", root) is first
 
 
+def test_every_module_is_under_800_lines_and_opens_saying_what_it_holds():
+    modules = sorted(frontend.JS.rglob("*.js"))
+    assert len(modules) >= 10
+    for path in modules:
+        text = path.read_text(encoding="utf-8")
+        assert text.count("\n") < 800 and text.startswith("// "), path
+
+
 # The widgets' entries, and what anywidget calls on each one's default export.
-ENTRIES = {"dashboard.js": ["initialize", "render"], "meter.js": ["render"]}
+ENTRIES = {"dashboard/index.js": ["initialize", "render"], "meter.js": ["render"]}
 
 
 @pytest.mark.parametrize("entry", sorted(ENTRIES))
 def test_a_widget_module_is_one_text_with_no_import_and_one_default_export(entry):
     text = frontend.module(entry)
     assert not re.search(r"^\s*import\b(?!\s*[(.])", text, re.M), "a static import left"
-    assert len(re.findall(r"^export default\b", text, re.M)) == 1
+    exports = re.findall(r"^export\b.*", text, re.M)
+    assert len(exports) == 1 and exports[0].startswith("export default "), exports
     assert sections(text)[-1] == entry and sections(text).count("format.js") == 1
 
 
@@ -121,4 +130,4 @@ def test_a_widget_module_runs(entry, calls, tmp_path):
 
 
 def test_the_live_chart_loads_the_joined_dashboard():
-    assert live.LOADER is frontend.module("dashboard.js")
+    assert live.LOADER is frontend.module("dashboard/index.js")
