@@ -40,21 +40,20 @@ _REGEX_AFTER = set("(,=:[!&|?{};+-*%<>~^") | {"", "return", "typeof", "case", "d
 def module(entry: str, root: pathlib.Path = JS) -> str:
     """The module ``entry`` (a path under ``root``) with what it imports,
     transitively, as one ES module text with no imports; made once a process."""
-    root = root.resolve()
-    done: dict[pathlib.Path, set[str]] = {}   # in order: each module after those it imports
-    _visit((root / entry).resolve(), root, done, [])
+    root, top = root.resolve(), (root / entry).resolve()
+    done: dict[pathlib.Path, tuple[str, str, set[str]]] = {}   # in order: each module after those it imports
+    _visit(top, root, done, [])
     declared: dict[str, str] = {}
     parts = [f"// nbmon's {entry} and the modules it imports, joined by nbmon/notebook/frontend.py."]
-    for path in done:
-        name, text = _shown(path, root), path.read_text(encoding="utf-8")
-        code = _mask(text)
+    for path, (text, code, _) in done.items():
+        name = _shown(path, root)
         for match in _DECLARATION.finditer(code):
             if match[2] in declared:
                 raise ValueError(f"{name} and {declared[match[2]]} both declare {match[2]!r}, "
                                  "which one module holding them all cannot.")
             declared[match[2]] = name
         cuts = [(m.start(), m.end() + (text[m.end():m.end() + 1] == "\n")) for m in _IMPORT.finditer(code)]
-        if path != (root / entry).resolve():
+        if path != top:
             cuts += [m.span(1) for m in _DECLARATION.finditer(code) if m[1]]
         for start, end in sorted(cuts, reverse=True):   # the last first: earlier places still hold
             text = text[:start] + text[end:]
@@ -62,11 +61,12 @@ def module(entry: str, root: pathlib.Path = JS) -> str:
     return "\n".join(parts)
 
 
-def _visit(path: pathlib.Path, root: pathlib.Path, done: dict[pathlib.Path, set[str]],
+def _visit(path: pathlib.Path, root: pathlib.Path, done: dict[pathlib.Path, tuple[str, str, set[str]]],
            stack: list[pathlib.Path]) -> set[str]:
-    """Add ``path`` to ``done`` after the modules it imports, with the names it exports."""
+    """Add ``path`` to ``done`` after the modules it imports, with its text,
+    its code (_mask()) and the names it exports; those names."""
     if path in done:
-        return done[path]
+        return done[path][2]
     name = _shown(path, root)
     if path in stack:
         raise ValueError(f"{name} imports itself through {' -> '.join(_shown(p, root) for p in stack)}, "
@@ -95,8 +95,8 @@ def _visit(path: pathlib.Path, root: pathlib.Path, done: dict[pathlib.Path, set[
                 raise ValueError(f"{name} renames {item!r} from {spec}: import names as they are exported.")
             if item not in provided:
                 raise ValueError(f"{name} imports {item!r} from {spec}, which does not export it.")
-    done[path] = {m[2] for m in _DECLARATION.finditer(code) if m[1]}
-    return done[path]
+    done[path] = (text, code, {m[2] for m in _DECLARATION.finditer(code) if m[1]})
+    return done[path][2]
 
 
 def _shown(path: pathlib.Path, root: pathlib.Path) -> str:
