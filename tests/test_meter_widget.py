@@ -74,9 +74,9 @@ def test_readings_are_the_catalogs_meter_metrics():
 
 
 def test_js_fixture_is_the_fields_python_sends():
-    # js/test/meter.test.mjs renders the meter with this file as `fields`.
+    # nbmon/notebook/js/test/meter.test.mjs renders the meter with this file as `fields`.
     fixture = json.loads((JS / "test" / "meter_fields.json").read_text(encoding="utf-8"))
-    assert fixture == json.loads(json.dumps(list(FIELDS))), "regenerate js/test/meter_fields.json from FIELDS"
+    assert fixture == json.loads(json.dumps(list(FIELDS))), "regenerate nbmon/notebook/js/test/meter_fields.json from FIELDS"
 
 
 def test_fields_are_sent_once_not_with_updates(recorded):
@@ -309,7 +309,7 @@ def test_import_stays_light():
 def test_js_suite_passes():
     node = shutil.which("node")
     if node is None:
-        pytest.fail("node is not on PATH; the front end's JS tests (node --test js/test/) need Node.js >= 20")
+        pytest.fail("node is not on PATH; the front end's JS tests (nbmon/notebook/js/test/) need Node.js >= 20")
     # Files listed explicitly: Node 20 takes a directory, Node 21+ wants globs.
     tests = sorted(str(p.relative_to(JS)) for p in (JS / "test").glob("*.test.mjs"))
     assert tests, "no JS tests found"
