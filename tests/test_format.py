@@ -1,6 +1,7 @@
 """nbmon.format: the one set of rules for numbers shown to humans. The cases
-are tests/format_cases.json, which js/test/format.test.mjs checks against
-js/format.js too, so the live meter and the static record agree."""
+are tests/format_cases.json, which nbmon/notebook/js/test/format.test.mjs
+checks against nbmon/notebook/js/format.js too, so the live meter and the
+static record agree."""
 from __future__ import annotations
 
 import json

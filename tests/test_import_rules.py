@@ -36,7 +36,7 @@ LAYERS = (
     "blackbox", "memwarn", "postmortem", "engine",
     "dask.wire", "dask.feeds", "dask.worker", "dask.client", "dask",
     "compat.calibrax", "compat.scaffold", "compat",
-    "notebook.frames", "notebook.charts", "notebook.live", "notebook.pages", "notebook.meter",
+    "notebook.frontend", "notebook.frames", "notebook.charts", "notebook.live", "notebook.pages", "notebook.meter",
     "notebook.dashboard", "notebook.cluster", "notebook.host", "notebook.remote", "notebook.serve",
     "notebook.session", "notebook.magics", "notebook",
     "ranks", "cli", "demo",

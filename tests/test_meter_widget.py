@@ -16,9 +16,11 @@ import traitlets
 
 from helpers import RecordingComm
 from nbmon import catalog
+from nbmon.notebook import frontend
 from nbmon.notebook.meter import FIELDS, FLOAT_TRAITS, METRICS, SLOTS, STATUSES, Meter, MeterFeed
 
 REPO = Path(__file__).resolve().parents[1]
+JS = REPO / "nbmon" / "notebook" / "js"
 
 METER_NAMES = ["proc_cpu_percent", "proc_pss_mb", "sys_mem_total_mb", "gpu_util_percent", "gpu_mem_used_mb"]
 EXPECTED_TRAITS = {
@@ -72,9 +74,9 @@ def test_readings_are_the_catalogs_meter_metrics():
 
 
 def test_js_fixture_is_the_fields_python_sends():
-    # js/test/build.test.mjs renders the built meter with this file as `fields`.
-    fixture = json.loads((REPO / "js" / "test" / "meter_fields.json").read_text(encoding="utf-8"))
-    assert fixture == json.loads(json.dumps(list(FIELDS))), "regenerate js/test/meter_fields.json from FIELDS"
+    # nbmon/notebook/js/test/meter.test.mjs renders the meter with this file as `fields`.
+    fixture = json.loads((JS / "test" / "meter_fields.json").read_text(encoding="utf-8"))
+    assert fixture == json.loads(json.dumps(list(FIELDS))), "regenerate nbmon/notebook/js/test/meter_fields.json from FIELDS"
 
 
 def test_fields_are_sent_once_not_with_updates(recorded):
@@ -125,15 +127,12 @@ def test_feed_values_come_from_the_catalog():
     assert (meter.status, meter.running, meter.proc_pss_mb, meter.gpu_util_percent) == ("done", False, 1536.0, None)
 
 
-def test_esm_is_the_built_single_file_module():
-    path = REPO / "nbmon" / "notebook" / "static" / "meter.js"
-    assert path.is_file(), "run `node js/build.mjs`"
-    # anywidget turns the Path into a FileContents whose str() is the file text.
-    assert str(Meter._esm) == path.read_text(encoding="utf-8")
+def test_esm_is_the_joined_meter_module():
+    assert Meter._esm == frontend.module("meter.js")
     meter = Meter()
     try:
         source = meter._esm
-        assert source == path.read_text(encoding="utf-8")
+        assert source == frontend.module("meter.js")
         assert "export default" in source
         assert not any(line.lstrip().startswith("import ") for line in source.splitlines())
         # anywidget adds _esm/_anywidget_id per instance; they are plain strings too.
@@ -310,9 +309,9 @@ def test_import_stays_light():
 def test_js_suite_passes():
     node = shutil.which("node")
     if node is None:
-        pytest.fail("node is not on PATH; the meter's JS tests (node --test js/test/) need Node.js >= 20")
+        pytest.fail("node is not on PATH; the front end's JS tests (nbmon/notebook/js/test/) need Node.js >= 20")
     # Files listed explicitly: Node 20 takes a directory, Node 21+ wants globs.
-    tests = sorted(str(p.relative_to(REPO)) for p in (REPO / "js" / "test").glob("*.test.mjs"))
+    tests = sorted(str(p.relative_to(JS)) for p in (JS / "test").glob("*.test.mjs"))
     assert tests, "no JS tests found"
-    proc = subprocess.run([node, "--test", *tests], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([node, "--test", *tests], cwd=JS, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]

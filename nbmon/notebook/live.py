@@ -1,7 +1,7 @@
 """The base of nbmon's live views: the kernel's dashboard
 (:mod:`nbmon.notebook.dashboard`) and a Dask cluster's
 (:mod:`nbmon.notebook.cluster`). One plotly FigureWidget class with one
-front end (js/dashboard.js), one refresher lifecycle, one record.
+front end (js/dashboard/), one refresher lifecycle, one record.
 
 What is displayed is not the widget but the view's static record: a table
 (text/html that every viewer shows, :mod:`nbmon.render`) carrying the
@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import frontend
 from .charts import Record
 
 DEFAULT_REFRESH_HZ = 2.0   # frames a second at most: ~2 KiB/s of websocket traffic at 10 Hz sampling
@@ -69,7 +70,7 @@ RECORD_EVERY_S = 30.0      # the static record is re-sent this often, and after 
 RECORD_MIN_S = 2.0         # ...but not more often than this (1,000 quick cells: not 1,000 records)
 TIMELINE_SAMPLES = 3       # a record's picture needs two samples after its window's opening one
 FIRST_SAMPLE_WAIT_S = 2.0  # a view built by its refresher waits this long for a first sample
-LOADER = (pathlib.Path(__file__).parent / "static" / "dashboard.js").read_text(encoding="utf-8")
+LOADER = frontend.module("dashboard/index.js")   # js/dashboard/ and format.js, as one text
 EVENTS = ("hover", "unhover", "click", "select", "deselect")   # plotly's trace events
 EVENTS_EVERY_S = 2.0       # how often the widget's callbacks are looked for: a walk of its whole layout
 _classes: dict[str, type] = {}
@@ -134,7 +135,7 @@ def import_plotly() -> None:
 
 def plotly_bundle() -> tuple[str, pathlib.Path]:
     """plotly's version and its widget bundle (plotly.js with plotly's
-    FigureModel and FigureView, js/dashboard.js: importBundle), found
+    FigureModel and FigureView, js/dashboard/bundle.js: importBundle), found
     without importing plotly (~1 s cold)."""
     spec = importlib.util.find_spec("plotly")
     return importlib.metadata.version("plotly"), pathlib.Path(spec.origin).parent / "package_data" / "widgetbundle.js"
@@ -142,7 +143,7 @@ def plotly_bundle() -> tuple[str, pathlib.Path]:
 
 def send_bundle(widget) -> None:
     """Send plotly's bundle to the page through ``widget``, a widget of
-    nbmon's front end (js/dashboard.js: loadBundle)."""
+    nbmon's front end (js/dashboard/bundle.js: loadBundle)."""
     widget.send({"type": "nbmon:bundle"}, [plotly_bundle()[1].read_bytes()])
 
 
@@ -201,7 +202,7 @@ def _make_widget_class() -> type:
     version = plotly_bundle()[0]
 
     class FigureWidget(go.FigureWidget):  # the same name: callers check it
-        """plotly's FigureWidget with nbmon's front end (js/dashboard.js):
+        """plotly's FigureWidget with nbmon's front end (js/dashboard/):
         plotly's bundle travels as a custom message (pushed once per
         process, and on request), never as widget state, and the view sends
         no echo of updates back."""

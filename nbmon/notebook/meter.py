@@ -1,4 +1,4 @@
-"""Compact one-line live meter for a cell: an anywidget over nbmon/notebook/static/meter.js.
+"""Compact one-line live meter for a cell: an anywidget over nbmon/notebook/js/meter.js.
 
 Its readings are the catalog's metrics with ``meter=True``, one synced float
 trait each, named as the catalog names them (units in the names:
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ import traitlets as t
 
 from .. import catalog, memwarn
 from ..values import known
+from . import frontend
 
 STATUSES = ("running", "done", "failed", "interrupted")
 
@@ -86,10 +86,10 @@ class Meter(anywidget.AnyWidget):
     also clears ``running``, so a meter can't keep ticking after its cell ended.
     """
 
-    # Built by js/build.mjs; shipped in the wheel so users need no node. The
-    # text, not the Path: anywidget would connect every Meter (one per cell)
-    # to the file's change signal with a strong reference, never dropped.
-    _esm = (pathlib.Path(__file__).parent / "static" / "meter.js").read_text(encoding="utf-8")
+    # js/meter.js with format.js, joined at import (no node needed). A text,
+    # not a Path: anywidget would connect every Meter (one per cell) to the
+    # file's change signal with a strong reference, never dropped.
+    _esm = frontend.module("meter.js")
 
     label = t.Unicode("").tag(sync=True)
     status = t.Unicode("running").tag(sync=True)

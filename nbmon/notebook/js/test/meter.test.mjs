@@ -1,64 +1,14 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync, spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
-import { fileURLToPath, pathToFileURL } from "node:url";
+import { fileURLToPath } from "node:url";
 
-import { DEFAULT_OUT, buildMeter } from "../build.mjs";
+import meter from "../meter.js";
 
 const JS_DIR = join(dirname(fileURLToPath(import.meta.url)), "..");
-const BUILD = join(JS_DIR, "build.mjs");
-const BUILT = join(JS_DIR, "..", "nbmon", "notebook", "static", "meter.js");
 
-function runBuild(args) {
-  return spawnSync(process.execPath, [BUILD, ...args], { encoding: "utf8" });
-}
-
-test("build writes to nbmon/notebook/static/meter.js", () => {
-  assert.equal(DEFAULT_OUT, BUILT);
-});
-
-test("the committed build is up to date (node js/build.mjs --check)", () => {
-  const r = runBuild(["--check"]);
-  assert.equal(r.status, 0, `${r.stdout}${r.stderr}\nrun \`node js/build.mjs\` and commit the result`);
-});
-
-test("--check exits 1 for a stale or missing file and build fixes it", () => {
-  const dir = mkdtempSync(join(tmpdir(), "nbmon-build-"));
-  try {
-    const out = join(dir, "meter.js");
-    let r = runBuild(["--check", "--out", out]);
-    assert.equal(r.status, 1, "missing file must count as stale");
-    writeFileSync(out, buildMeter() + "// edited by hand\n");
-    r = runBuild(["--check", "--out", out]);
-    assert.equal(r.status, 1, "edited file must count as stale");
-    assert.match(r.stderr, /out of date/);
-    execFileSync(process.execPath, [BUILD, "--out", out]);
-    r = runBuild(["--check", "--out", out]);
-    assert.equal(r.status, 0, r.stderr);
-    assert.equal(readFileSync(out, "utf8"), buildMeter());
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
-});
-
-test("unknown arguments are rejected", () => {
-  assert.notEqual(runBuild(["--chek"]).status, 0);
-});
-
-test("built file is one self-contained ES module", () => {
-  const src = readFileSync(BUILT, "utf8");
-  assert.match(src, /^export default\b/m);
-  assert.doesNotMatch(src, /^\s*import\b/m, "static import left in the built file");
-  assert.doesNotMatch(src, /\bimport\s*\(/, "dynamic import in the built file");
-  assert.doesNotMatch(src, /^\s*export\s+(?!default\b)/m, "only the default export may remain");
-  assert.doesNotMatch(src, /https?:\/\//, "no network loads");
-  assert.equal((src.match(/^export default\b/gm) || []).length, 1);
-});
-
-// ---- smoke test of the built module against a minimal DOM ----
+// ---- the meter against a minimal DOM ----
 
 class FakeClassList {
   constructor(node) {
@@ -210,7 +160,6 @@ const DEFAULTS = {
 };
 
 async function mount(values = {}) {
-  const mod = await import(pathToFileURL(BUILT).href);
   const doc = new FakeDocument();
   const el = doc.createElement("div");
   doc.body.appendChild(el);
@@ -229,7 +178,7 @@ async function mount(values = {}) {
   };
   let cleanup;
   try {
-    cleanup = mod.default.render({ model, el });
+    cleanup = meter.render({ model, el });
   } catch (err) {
     globalThis.setInterval = realSet;
     globalThis.clearInterval = realClear;
@@ -244,7 +193,7 @@ async function mount(values = {}) {
   return { doc, el, model, timers, cleanup, restore, q, root: el.byClass("nbmon-meter") };
 }
 
-test("built meter renders values and the documented hooks", async () => {
+test("the meter renders values and the documented hooks", async () => {
   const m = await mount();
   try {
     assert.equal(typeof m.cleanup, "function");
@@ -307,7 +256,7 @@ test("a meter field with no slot gets a group of its own", async () => {
   }
 });
 
-test("built meter follows model changes and status classes", async () => {
+test("the meter follows model changes and status classes", async () => {
   const m = await mount();
   try {
     m.model.set("gpu_count", 2);

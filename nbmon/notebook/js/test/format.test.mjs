@@ -7,7 +7,7 @@ import { fileURLToPath } from "node:url";
 import { MISSING, UNITS, barFraction, fmt, isUnknown } from "../format.js";
 
 // The table of cases nbmon/format.py is checked against too (tests/test_format.py).
-const CASES_PATH = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "tests", "format_cases.json");
+const CASES_PATH = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", "..", "tests", "format_cases.json");
 const CASES = JSON.parse(readFileSync(CASES_PATH, "utf8"));
 const SPECIAL = { NaN: NaN, Infinity: Infinity, "-Infinity": -Infinity };
 

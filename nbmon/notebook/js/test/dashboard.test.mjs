@@ -1,10 +1,14 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
+import { DUTY, REDRAW_MAX_MS, REDRAW_MIN_MS, redrawWait } from "../dashboard/page.js";
+import { paintScene } from "../dashboard/paint.js";
+import { MAX_HELD, Series, decimate, nearest, typed } from "../dashboard/series.js";
+import { MERGE_PX, bandGroups, describe, steady } from "../dashboard/bands.js";
+import { contrast, muted, over, parseColor } from "../dashboard/theme.js";
 import {
-  DUTY, MAX_HELD, MERGE_PX, REDRAW_MAX_MS, REDRAW_MIN_MS, Series, bandGroups, contrast, decimate, describe, muted, over, parseColor, ranges, signature,
-  X_TICK_PX, axisRanges, axisTop, frameKey, nearest, paintScene, redrawWait, steady, tickText, tops, typed, userRanges, xTicks,
-} from "../dashboard.js";
+  X_TICK_PX, axisRanges, axisTop, frameKey, ranges, signature, tickText, tops, userRanges, xTicks,
+} from "../dashboard/axes.js";
 
 function series(ys, step = 0.1, capacity = MAX_HELD) {
   const s = new Series("%", capacity);
