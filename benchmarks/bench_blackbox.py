@@ -20,10 +20,10 @@ import threading
 import time
 import uuid
 
-from nbmon import blackbox
-from nbmon.blackbox import BlackBox, CellNote
+from nbmon.postmortem import blackbox
+from nbmon.postmortem.blackbox import BlackBox, CellNote
 from nbmon.engine import Monitor
-from nbmon.memwarn import MemoryWatch
+from nbmon.postmortem.memwarn import MemoryWatch
 
 MIB = 1 << 20
 

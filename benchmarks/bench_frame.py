@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nbmon.notebook.frames import build_frame, frame_bytes  # noqa: E402
 from nbmon.options import DEFAULT_MAX_BYTES  # noqa: E402
-from nbmon.store import Store  # noqa: E402
+from nbmon.sampling.store import Store  # noqa: E402
 
 TRACES = ["proc_cpu_percent", "sys_cpu_percent", "proc_rss_mb", "sys_mem_used_mb"]
 GPU_TRACES = ["gpu0_util_percent", "gpu1_util_percent", "gpu0_mem_used_mb", "gpu1_mem_used_mb"]

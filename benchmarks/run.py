@@ -29,12 +29,12 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from nbmon.engine import Monitor  # noqa: E402
 from nbmon.options import Options  # noqa: E402
-from nbmon.sampler import Sampler  # noqa: E402
+from nbmon.sampling.sampler import Sampler  # noqa: E402
 from nbmon.sources import Sources  # noqa: E402
 from nbmon.sources.procfs import BUDGET, fd_budget  # noqa: E402
 from nbmon.sources.proctree import ProcessTree  # noqa: E402
-from nbmon.store import Store  # noqa: E402
-from nbmon.summary import summarize  # noqa: E402
+from nbmon.sampling.store import Store  # noqa: E402
+from nbmon.report.summary import summarize  # noqa: E402
 import results_file  # noqa: E402  (benchmarks/, the script's own folder)
 
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
@@ -506,7 +506,7 @@ def memory_figures() -> dict:
     store = Store([f"c{i}" for i in range(34)])
     per_sample = store.nbytes / (store.capacity + store.coarse_capacity)
     tracemalloc.start()
-    from nbmon.summary import ResourceSample
+    from nbmon.report.summary import ResourceSample
     kept = [ResourceSample(timestamp=float(i), cpu_percent=1.5, rss_mb=100.25, gpu_util=None, gpu_mem_mb=None)
             for i in range(20_000)]
     size, _ = tracemalloc.get_traced_memory()

@@ -16,17 +16,17 @@ import warnings
 import weakref
 from typing import Callable, Sequence
 
-from .consumers import ConsumerThread, as_consumer
-from .faults import FaultLog
+from .sinks.consumers import ConsumerThread, as_consumer
+from .sampling.faults import FaultLog
 from .format import one_line
 from .launch import StartError, check_room
 from .options import Options, check_pid
-from .sampler import STOP_GRACE_S, Sampler, Sampling
+from .sampling.sampler import STOP_GRACE_S, Sampler, Sampling
 from .sources import Sources
 from .sources.machine import Machine
 from .sources.proctree import ProcessTree
-from .store import Store, Window
-from .summary import ResourceSummary, summarize
+from .sampling.store import Store, Window
+from .report.summary import ResourceSummary, summarize
 
 _running: "weakref.WeakSet[Monitor]" = weakref.WeakSet()
 
@@ -39,7 +39,7 @@ class Monitor:
     gpu=False)``). ``extra_sources`` are objects with ``fields``,
     ``start(now)``, ``sample(now)`` returning ``{field: value}`` and
     ``close()``; ``consumers`` are consumers, senders or callables
-    (:func:`~nbmon.consumers.as_consumer`). Restartable: each ``start()``
+    (:func:`~nbmon.sinks.consumers.as_consumer`). Restartable: each ``start()``
     begins a new run with a new store; the last run's store and summary
     stay readable after ``stop()``.
     """
@@ -141,7 +141,7 @@ class Monitor:
 
     def attach(self, sink, every_s: float = 1.0):
         """Add a consumer, sender or callable (see
-        :func:`~nbmon.consumers.as_consumer`), also to a running monitor;
+        :func:`~nbmon.sinks.consumers.as_consumer`), also to a running monitor;
         returns the consumer."""
         consumer = as_consumer(sink, every_s)
         with self._lock:
@@ -169,7 +169,7 @@ class Monitor:
         """The helper-process sampler, or None (said once in ``backend_note``
         and a warning) when it cannot start here."""
         try:
-            from .helper import ProcessSampler
+            from .sampling.process import ProcessSampler
 
             sampler = ProcessSampler(self.pid, self.options)
             sampler.prime()

@@ -1,5 +1,5 @@
 """Starting nbmon's helper processes -- the sampler process
-(:mod:`nbmon.helper`) and the notebook's session host
+(:mod:`nbmon.sampling.process`) and the notebook's session host
 (:mod:`nbmon.notebook.serve`) -- and whether this process has room to start
 anything of nbmon's at all (:func:`check_room`, :class:`StartError`).
 

@@ -140,7 +140,7 @@ class Options:
     process is their subreaper (``nbmon run``). ``memory_warning_percent``:
     the notebook tells the running cell once when the container's memory
     reaches this share of its limit (without a limit: when the machine's
-    used memory does); None: never (:mod:`nbmon.memwarn`).
+    used memory does); None: never (:mod:`nbmon.postmortem.memwarn`).
     """
 
     interval: float = option(DEFAULT_INTERVAL_S, check_interval, Flag(

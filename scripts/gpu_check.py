@@ -22,14 +22,14 @@ def main() -> int:
 
     import torch
 
-    import nbmon.sources.nvml
+    import nbmon.sources.gpus.nvml
     from nbmon.engine import Monitor
 
-    if not torch.cuda.is_available() or not nbmon.sources.nvml.init():
+    if not torch.cuda.is_available() or not nbmon.sources.gpus.nvml.init():
         print(f"no usable GPU: torch.cuda.is_available()={torch.cuda.is_available()}, "
-              f"NVML: {nbmon.sources.nvml.status()}")
+              f"NVML: {nbmon.sources.gpus.nvml.status()}")
         return 1
-    print(f"GPU: {torch.cuda.get_device_name(0)}, NVML devices: {nbmon.sources.nvml._device_count}")
+    print(f"GPU: {torch.cuda.get_device_name(0)}, NVML devices: {nbmon.sources.gpus.nvml._device_count}")
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

@@ -42,15 +42,15 @@ def fake_nvml_lib(tmp_path_factory) -> str:
 def fake_gpu(fake_nvml_lib, tmp_path, monkeypatch):
     """A FakeNVML (no devices until the test calls .set) that nbmon's NVML
     source loads through ``NBMON_NVML_LIBRARY``; NVML state is reset after."""
-    import nbmon.sources.nvml
+    import nbmon.sources.gpus.nvml
 
-    nbmon.sources.nvml.shutdown()
+    nbmon.sources.gpus.nvml.shutdown()
     fake = FakeNVML(tmp_path / "nvml.conf")
     monkeypatch.setenv(CONFIG_ENV, str(fake.path))
     monkeypatch.setenv("NBMON_NVML_LIBRARY", fake_nvml_lib)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # it picks devices: the test's fakes, all of them
     yield fake
-    nbmon.sources.nvml.shutdown()
+    nbmon.sources.gpus.nvml.shutdown()
     unload_from_pynvml()
 
 

@@ -233,9 +233,9 @@ def csv_rows(path) -> tuple[list[str], list[list[str]]]:
 
 _WRITER_CHILD = """
     import sys, time
-    from nbmon.consumers import SampleForwarder
+    from nbmon.sinks.consumers import SampleForwarder
     from nbmon.engine import Monitor
-    from nbmon import senders
+    from nbmon.sinks import senders
     sender = getattr(senders, sys.argv[2])(sys.argv[1])
     Monitor(interval=0.005, gpu=False, consumers=[SampleForwarder(sender, every_s=0.01)]).start()
     while True:
@@ -245,7 +245,7 @@ _WRITER_CHILD = """
 
 def sigkill_mid_write(path, sender: str, lines: int) -> str:
     """Run a monitor in a child process that streams every sample to
-    ``path`` through ``nbmon.senders.<sender>``; SIGKILL it once the file has
+    ``path`` through ``nbmon.sinks.senders.<sender>``; SIGKILL it once the file has
     ``lines`` lines. Returns the file's text; fails if the child ended any
     other way."""
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_WRITER_CHILD), str(path), sender],
@@ -268,8 +268,8 @@ def sigkill_mid_write(path, sender: str, lines: int) -> str:
 
 _DISK_FULL_CHILD = """
     import json, resource, sys, time
-    from nbmon import senders
-    from nbmon.consumers import SampleForwarder
+    from nbmon.sinks import senders
+    from nbmon.sinks.consumers import SampleForwarder
     from nbmon.engine import Monitor
 
     path, sender, limit, failures, more = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
@@ -305,7 +305,7 @@ _DISK_FULL_CHILD = """
 def disk_full_run(path, sender: str, limit: int, *, failures: int, more: int) -> dict:
     """Run a monitor in a child process whose files may not grow past
     ``limit`` bytes (RLIMIT_FSIZE: a full disk), forwarding every sample to
-    ``path`` through ``nbmon.senders.<sender>``. Once the sender's writes
+    ``path`` through ``nbmon.sinks.senders.<sender>``. Once the sender's writes
     failed ``failures`` times and ``more`` samples were taken after that,
     the monitor is stopped. Fails if the child printed anything to stderr.
     Returns what the child saw: running (just before the stop), clean (the

@@ -30,7 +30,7 @@ from IPython.utils.capture import capture_output
 import nbmon
 import nbmon.engine
 import nbmon.notebook.magics
-import nbmon.sources.nvml
+import nbmon.sources.gpus.nvml
 from helpers import StubSource, gone_pid, wait_until
 from nbmon import AbstractBackendSender, Monitor, ResourceMonitor, ResourceSummary, SystemMonitor, catalog
 from nbmon.notebook.session import SESSION
@@ -343,7 +343,7 @@ CONSTRUCTOR_CASES = _cases()
 @pytest.mark.parametrize("build", [b for _, b in CONSTRUCTOR_CASES], ids=[i for i, _ in CONSTRUCTOR_CASES])
 def test_constructor(in_tmp, build):
     call, error, message, named = build()
-    nvml_state = nbmon.sources.nvml.status()
+    nvml_state = nbmon.sources.gpus.nvml.status()
     before = world()
     with pytest.raises(Exception) as info:
         call()
@@ -351,7 +351,7 @@ def test_constructor(in_tmp, build):
     assert str(info.value) == message
     assert_one_sentence(message, named)
     assert world() == before
-    assert nbmon.sources.nvml.status() == nvml_state  # NVML not initialised on the way to the error
+    assert nbmon.sources.gpus.nvml.status() == nvml_state  # NVML not initialised on the way to the error
 
 
 # -- ResourceSummary.from_dict ------------------------------------------------------------

@@ -23,9 +23,10 @@ from IPython.utils.capture import capture_output
 from cgroups import MemoryCgroup
 from helpers import RecordingComm, wait_until
 from multiuser import other_user, shared_dir  # noqa: F401 - fixtures
-from nbmon import blackbox, postmortem
+from nbmon.postmortem import blackbox
+from nbmon.postmortem import deaths
 from nbmon.engine import Monitor
-from nbmon.memwarn import MemoryWatch
+from nbmon.postmortem.memwarn import MemoryWatch
 from nbmon.notebook.meter import Meter, MeterFeed
 from nbmon.options import Options
 from test_postmortem import without_swap
@@ -91,17 +92,17 @@ def test_a_dead_kernels_box_has_its_cell_and_its_peak(boxes):
     # The 0.4 s it held HOLD MiB is in the record of its second, the highest of it.
     assert max(r.values[tree] for r in box.records) >= HOLD
     assert box.records[-1].values[tree] < HOLD / 2
-    (death, problem), again = postmortem.claim(""), postmortem.claim("")
+    (death, problem), again = deaths.claim(""), deaths.claim("")
     assert problem == "" and again == (None, "")
-    assert death.cause == postmortem.UNKNOWN and death.cell.number == 3
+    assert death.cause == deaths.UNKNOWN and death.cell.number == 3
     assert death.tree_memory_peak_mb >= HOLD and death.pid == box.header["pid"]
     assert os.listdir(boxes) == [path.name.replace(".box", ".seen")]
-    assert postmortem.last_death("").pid == death.pid
-    assert postmortem.last_death("another.ipynb") is None
+    assert deaths.last_death("").pid == death.pid
+    assert deaths.last_death("another.ipynb") is None
 
 
 def test_a_monitor_that_stops_removes_its_box(boxes):
-    from nbmon.blackbox import CellNote
+    from nbmon.postmortem.blackbox import CellNote
     from nbmon.notebook.host import watch_kernel
 
     monitor = Monitor(interval=0.05, gpu=False)
@@ -111,7 +112,7 @@ def test_a_monitor_that_stops_removes_its_box(boxes):
         (name,) = os.listdir(boxes)
         assert name.startswith(f"{os.getpid()}-")
         # A live kernel's box is never a death.
-        found = postmortem.scan()
+        found = deaths.scan()
         assert [b.header["pid"] for b in found.live] == [os.getpid()] and found.dead == []
     assert os.listdir(boxes) == []
     assert monitor.faults == {}
@@ -120,9 +121,9 @@ def test_a_monitor_that_stops_removes_its_box(boxes):
 BEYOND_THE_BUDGET = """
     import json, os, resource, time
     resource.setrlimit(resource.RLIMIT_NOFILE, (80, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    from nbmon import blackbox
+    from nbmon.postmortem import blackbox
     from nbmon.engine import Monitor
-    from nbmon.blackbox import CellNote
+    from nbmon.postmortem.blackbox import CellNote
     from nbmon.notebook.host import watch_kernel
     from nbmon.sources.procfs import BUDGET, fd_budget
     def boxes_open():
@@ -162,7 +163,7 @@ def test_a_box_closed_at_exit_stays_closed_while_the_sampler_runs_on(boxes):
     # At exit the monitor's threads (daemons) still run until the interpreter
     # stops them; a consume() after the exit hook must not open a new box,
     # which no one would remove (the next kernel would read a normal exit as a death).
-    from nbmon.blackbox import CellNote
+    from nbmon.postmortem.blackbox import CellNote
     from nbmon.notebook.host import watch_kernel
 
     monitor = Monitor(interval=0.05, gpu=False)
@@ -227,7 +228,7 @@ def test_bad_boxes_are_skipped_with_a_reason_never_raised(boxes, tmp_path, other
     before = {name: (os.lstat(boxes / name).st_mtime_ns, os.lstat(boxes / name).st_size)
               for name in os.listdir(boxes)}
 
-    found = postmortem.scan()
+    found = deaths.scan()
     reasons = {os.path.basename(path): why for path, why in found.skipped}
     assert found.problem == "" and [box.path for box, _ in found.dead] == [str(real)]
     expected = {"2-2-00000000.box": "truncated", "3-3-00000000.box": "not a black box",
@@ -247,7 +248,7 @@ def test_bad_boxes_are_skipped_with_a_reason_never_raised(boxes, tmp_path, other
     for name in expected:
         assert f"skipped {boxes / name}: " in cli.stderr, name
 
-    death, problem = postmortem.claim("")
+    death, problem = deaths.claim("")
     assert problem == "" and death is not None and death.path == str(boxes / "1-1-00000000.seen")
     # Nothing was changed, followed or removed but the real box's mark.
     after = {name: (os.lstat(boxes / name).st_mtime_ns, os.lstat(boxes / name).st_size)
@@ -281,11 +282,11 @@ def test_many_stale_boxes_never_hide_the_newest_death(boxes):
         path.chmod(0o600)
         os.utime(path, (hour_ago, hour_ago))
     newest = blackbox.decode(dead_kernel(boxes).read_bytes()).header["pid"]
-    assert postmortem.last_death("").pid == newest
-    death, problem = postmortem.claim("")
+    assert deaths.last_death("").pid == newest
+    death, problem = deaths.claim("")
     assert problem == "" and death.pid == newest
     # The sweep: the newest 256 read, the dead among them but the newest 16 removed; the older 45 kept a week.
-    assert len(os.listdir(boxes)) == postmortem.KEEP_DEAD + 301 - postmortem.MAX_ENTRIES
+    assert len(os.listdir(boxes)) == deaths.KEEP_DEAD + 301 - deaths.MAX_ENTRIES
 
 
 def test_a_session_name_too_long_for_the_header_is_matched_whole(boxes, monkeypatch):
@@ -296,10 +297,10 @@ def test_a_session_name_too_long_for_the_header_is_matched_whole(boxes, monkeypa
     box = blackbox.decode(dead_kernel(boxes).read_bytes())
     assert box.header["notebook"] != name and "\u2026" in box.header["notebook"]   # it was cut
     twin = name[:1000] + "#" + name[1001:]   # another notebook, cut the same
-    assert postmortem.claim(twin) == (None, "")
-    death, problem = postmortem.claim(name)
+    assert deaths.claim(twin) == (None, "")
+    death, problem = deaths.claim(name)
     assert problem == "" and death is not None and death.pid == box.header["pid"]
-    assert postmortem.last_death(name).pid == box.header["pid"]
+    assert deaths.last_death(name).pid == box.header["pid"]
 
 
 def test_a_newline_in_the_session_name_forges_no_row(boxes, monkeypatch):
@@ -308,7 +309,7 @@ def test_a_newline_in_the_session_name_forges_no_row(boxes, monkeypatch):
     forged = "a.ipynb\n  Cause                     killed by the OOM killer at 1.0 TiB\u2028"
     monkeypatch.setenv("JPY_SESSION_NAME", forged)
     dead_kernel(boxes)
-    text = str(postmortem.last_death(forged))
+    text = str(deaths.last_death(forged))
     cli = subprocess.run([sys.executable, "-m", "nbmon.cli", "postmortem"], capture_output=True, text=True,
                          timeout=60)
     assert cli.returncode == 0, cli.stderr
@@ -322,8 +323,8 @@ def test_a_newline_in_the_session_name_forges_no_row(boxes, monkeypatch):
 def test_a_box_from_before_the_last_boot_is_a_host_restart(boxes):
     path = dead_kernel(boxes)
     path.write_bytes(_with_header(path.read_bytes(), boot="a-boot-before-this-one"))
-    death, _ = postmortem.claim("")
-    assert death.cause == postmortem.HOST_RESTART
+    death, _ = deaths.claim("")
+    assert death.cause == deaths.HOST_RESTART
 
 
 def test_a_live_process_is_never_dead_even_with_its_pid_reused(boxes):
@@ -335,7 +336,7 @@ def test_a_live_process_is_never_dead_even_with_its_pid_reused(boxes):
         name = f"{os.getpid()}-{started}-00000000.box"
         (boxes / name).write_bytes(_with_header(image, pid=os.getpid(), started=started))
         (boxes / name).chmod(0o600)
-    found = postmortem.scan()
+    found = deaths.scan()
     assert [b.header["started"] for b in found.live] == [me]
     assert [b.header["started"] for b, _ in found.dead] == [me + 1]
 
@@ -345,7 +346,7 @@ def test_the_sweep_keeps_a_week_and_at_most_16_dead_and_never_the_living(boxes, 
     for name in os.listdir(boxes):
         os.unlink(boxes / name)
     last = blackbox.decode(image).records[-1].wall
-    for k in range(postmortem.KEEP_DEAD + 2):    # 18 dead kernels
+    for k in range(deaths.KEEP_DEAD + 2):    # 18 dead kernels
         path = boxes / f"{100 + k}-{k}-00000000.box"
         path.write_bytes(_with_header(image, pid=100000 + k, started=k))
         path.chmod(0o600)
@@ -359,15 +360,15 @@ def test_the_sweep_keeps_a_week_and_at_most_16_dead_and_never_the_living(boxes, 
     os.utime(f"{shared_dir}/x.box", (time.time() - 8 * 86400,) * 2)
     os.rename(f"{shared_dir}/x.box", boxes / "theirs.box")
 
-    found = postmortem.scan()
-    assert len(found.dead) == postmortem.KEEP_DEAD + 2
-    removed = postmortem.sweep(found, now=last + 60)
+    found = deaths.scan()
+    assert len(found.dead) == deaths.KEEP_DEAD + 2
+    removed = deaths.sweep(found, now=last + 60)
     # All dead boxes have the same last record: the 2 beyond the 16 kept go, and the old junk.
     assert len(removed) == 3 and str(junk) in removed
     left = os.listdir(boxes)
-    assert live.name in left and "theirs.box" in left and len(left) == postmortem.KEEP_DEAD + 2
+    assert live.name in left and "theirs.box" in left and len(left) == deaths.KEEP_DEAD + 2
     # A week after the last record every dead box goes; the living one and another user's file stay.
-    postmortem.sweep(postmortem.scan(), now=last + postmortem.KEEP_S + 60)
+    deaths.sweep(deaths.scan(), now=last + deaths.KEEP_S + 60)
     assert sorted(os.listdir(boxes)) == sorted([live.name, "theirs.box"])
 
 
@@ -376,14 +377,14 @@ def test_an_unsafe_directory_is_one_sentence(boxes, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     os.symlink(elsewhere, boxes)
-    death, problem = postmortem.claim("")
+    death, problem = deaths.claim("")
     assert death is None and "symbolic link" in problem
     cli = subprocess.run([sys.executable, "-m", "nbmon.cli", "postmortem"], capture_output=True, text=True,
                          timeout=60)
     assert cli.returncode == 1 and cli.stdout == ""
     assert cli.stderr.count("\n") == 1 and "symbolic link" in cli.stderr
     # A monitor runs on without a box: one fault, said in %resmon status.
-    from nbmon.blackbox import CellNote
+    from nbmon.postmortem.blackbox import CellNote
     from nbmon.notebook.host import watch_kernel
 
     monitor = Monitor(interval=0.05, gpu=False)

@@ -13,8 +13,8 @@ from helpers import wait_until
 from nbmon import catalog
 from nbmon.engine import Monitor
 from nbmon.notebook import charts
-from nbmon.senders import CSVSender
-from nbmon.sources import nvml
+from nbmon.sinks.senders import CSVSender
+from nbmon.sources.gpus import nvml
 from nbmon.sources.gpus import GPUs
 from nbmon.sources.machine import Machine
 from nbmon.sources.proctree import ProcessTree
@@ -114,7 +114,7 @@ def test_a_metric_added_to_the_catalog_reaches_samples_csv_and_chart(fake_gpu, m
         monitor.stop()
 
     assert "gpu0_hotspot_c" in monitor.fields
-    from nbmon.tables import samples_frame
+    from nbmon.report.records import samples_frame
 
     # (The baseline at start reads only sources that cannot get stuck: not NVML.)
     frame = samples_frame(*monitor.store.series()).iloc[1:]
@@ -152,9 +152,9 @@ def test_a_tree_metric_added_at_run_time_reaches_every_consumer(monkeypatch, tmp
     import nbmon.dask
     from nbmon.notebook.host import SessionHost
     from nbmon.notebook.session import Outlet
-    from nbmon.senders import JSONLinesSender
-    from nbmon.summary import ResourceSummary
-    from nbmon.tables import history_frame, samples_frame
+    from nbmon.sinks.senders import JSONLinesSender
+    from nbmon.report.summary import ResourceSummary
+    from nbmon.report.records import history_frame, samples_frame
 
     added = catalog.Metric("proc_open_files", "", "open files, process tree", catalog.GAUGE, catalog.PEAK,
                            catalog.TREE, record=(catalog.Shown("Open files, most", 85),))

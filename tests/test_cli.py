@@ -13,7 +13,7 @@ import time
 import pytest
 
 from helpers import csv_rows
-from nbmon.summary import ResourceSummary
+from nbmon.report.summary import ResourceSummary
 
 NBMON = [sys.executable, "-m", "nbmon.cli"]
 PY = sys.executable

@@ -10,8 +10,8 @@ import pytest
 
 from helpers import nbmon_threads, wait_until
 from nbmon import NVMLProfiler, ResourceMonitor
-from nbmon.store import Store
-from nbmon.summary import summarize
+from nbmon.sampling.store import Store
+from nbmon.report.summary import summarize
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -26,7 +26,7 @@ from nbmon.dask.worker import roster_name
 from nbmon.notebook.cluster import BANDS, COMPACT_AT, ClusterView
 from nbmon.notebook.frames import MAX_FRAME_BYTES
 from nbmon.options import Options
-from nbmon.tables import CellRecord
+from nbmon.report.records import CellRecord
 
 MIB = 1 << 20
 

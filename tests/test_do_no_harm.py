@@ -24,7 +24,7 @@ import pytest
 
 from helpers import wait_until
 from multiuser import other_user, shared_dir  # noqa: F401  (fixtures)
-from nbmon.runtime import pid_started
+from nbmon.private import pid_started
 
 PY = sys.executable
 
@@ -450,12 +450,12 @@ def test_a_board_whose_lock_is_held_never_hangs_the_start(tmp_path):
     """One of the user's own processes holds a board's lock and never lets
     go (stopped in a debugger, say): opening waits a second, then says so."""
     victim, go = start_victim(tmp_path, env={"TMPDIR": str(tmp_path), "XDG_RUNTIME_DIR": ""})
-    from nbmon import runtime
+    from nbmon import private
 
     board_dir = os.path.join(str(tmp_path), f"nbmon-{os.geteuid()}", "peaks")
     os.makedirs(board_dir, mode=0o700)
     os.chmod(os.path.dirname(board_dir), 0o700)
-    fd = runtime.open_private(os.path.join(board_dir, f"{victim.pid}-{pid_started(victim.pid)}"))
+    fd = private.open_private(os.path.join(board_dir, f"{victim.pid}-{pid_started(victim.pid)}"))
     import fcntl
 
     fcntl.flock(fd, fcntl.LOCK_EX)

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import DEADLINE_S, StubSource, burn_cpu, fd_count, free_pid, nbmon_threads, wait_until
 from nbmon.engine import Monitor
-from nbmon.summary import ResourceSummary
+from nbmon.report.summary import ResourceSummary
 
 MIB = 1024 * 1024
 

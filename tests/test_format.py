@@ -110,7 +110,7 @@ def test_magnitude_decided_after_rounding():
 # -- the edges that use it -----------------------------------------------------------
 
 def test_summary_rows_use_the_rules():
-    from nbmon.summary import ResourceSummary
+    from nbmon.report.summary import ResourceSummary
 
     s = ResourceSummary(peak_rss_mb=1536.0, mean_rss_mb=1023.96, peak_gpu_mem_mb=40960.0, mean_gpu_util=87.25,
                         memory_growth_mb=-12.0, num_samples=1000, duration_sec=75.0, mean_gpu_power_w=250.0,
@@ -131,7 +131,7 @@ def test_summary_rows_use_the_rules():
 
 
 def test_html_table_escapes():
-    from nbmon.render import html_table
+    from nbmon.report.render import html_table
 
     out = html_table("a<b", [("Peak RSS", fmt(1536, "MiB")), ("x&y", MISSING)], status="failed")
     assert "a&lt;b" in out and "x&amp;y" in out and "<td" in out and "1.5 GiB" in out and 'data-status="failed"' in out

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nbmon.notebook.frames import MAX_FRAME_BYTES, build_frame, frame_bytes, minmax_indices
-from nbmon.store import Store
+from nbmon.sampling.store import Store
 
 COLUMNS = ("proc_cpu_percent", "sys_cpu_percent", "proc_rss_mb", "sys_mem_used_mb")
 ALL_COLUMNS = COLUMNS + tuple(f"extra{i}" for i in range(26))  # ~30 columns, like a real run

@@ -224,7 +224,7 @@ def test_force_over_a_file_the_other_user_planted_writes_nothing_into_theirs(
 
 @pytest.mark.parametrize("sender", ["CSVSender", "JSONLinesSender"])
 def test_senders_and_pages_replace_a_planted_link_never_its_target(tmp_path, other_user, shared_dir, sender):
-    from nbmon import senders
+    from nbmon.sinks import senders
     from nbmon.notebook.dashboard import write_html
 
     precious = precious_file(tmp_path)
@@ -296,8 +296,8 @@ def test_nbmon_run_prints_its_command_and_faults_without_escapes(tmp_path):
 
 OUTAGE_CHILD = textwrap.dedent("""
     import inspect, json, os, resource, sys, time
-    from nbmon import senders
-    from nbmon.consumers import SampleForwarder
+    from nbmon.sinks import senders
+    from nbmon.sinks.consumers import SampleForwarder
     from nbmon.engine import Monitor
 
     path, max_bytes, outage_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
@@ -407,7 +407,7 @@ def test_20000_cells_keep_the_history_bounded():
 def test_the_workers_history_keeps_whole_cells_within_its_bounds(monkeypatch):
     import nbmon.dask as nbdask
     from nbmon.dask.client import NO_ANSWER
-    from nbmon.tables import CellRecord, WorkerCellRecord
+    from nbmon.report.records import CellRecord, WorkerCellRecord
 
     monkeypatch.setattr(nbdask, "_cells", type(nbdask._cells)())
     monkeypatch.setattr(nbdask, "_rows", 0)

@@ -28,26 +28,40 @@ MODULES = sorted(dotted(p) for p in PACKAGE.rglob("*.py"))
 # Data flows one way: sources -> sampler -> store -> consumers -> outer
 # layers. A module may import only modules listed before it.
 LAYERS = (
-    "values", "catalog", "options", "format", "render", "faults", "runtime", "files", "launch",
+    "values", "catalog", "options", "format", "private", "launch",
     "sources.procfs", "sources.memory", "sources.pstree", "sources.peaks", "sources.cgroup",
     "sources.proctree", "sources.machine",
-    "sources.nvml", "sources.gpus", "sources",
-    "sampler", "helper", "store", "summary", "senders", "consumers", "tables",
-    "blackbox", "memwarn", "postmortem", "engine",
+    "sources.gpus.nvml", "sources.gpus", "sources",
+    "sampling.faults", "sampling.sampler", "sampling.process", "sampling.store", "sampling",
+    "report.render", "report.summary", "report.records", "report",
+    "sinks.files", "sinks.senders", "sinks.consumers", "sinks",
+    "postmortem.blackbox", "postmortem.memwarn", "postmortem.deaths", "postmortem",
+    "engine",
     "dask.wire", "dask.feeds", "dask.worker", "dask.client", "dask",
     "compat.calibrax", "compat.scaffold", "compat",
     "notebook.frontend", "notebook.frames", "notebook.charts", "notebook.live", "notebook.pages", "notebook.meter",
     "notebook.dashboard", "notebook.cluster", "notebook.host", "notebook.remote", "notebook.serve",
     "notebook.session", "notebook.magics", "notebook",
-    "ranks", "cli", "demo",
+    "cli.ranks", "cli.demo", "cli", "cli.__main__",
 )
-PACKAGES = ("sources", "dask", "compat", "notebook")
+PACKAGES = ("sources", "sampling", "report", "sinks", "postmortem", "dask", "compat", "notebook", "cli")
+# The vocabulary every layer speaks, loose at nbmon's top with the engine.
+VOCABULARY = {"values", "catalog", "options", "format", "private", "launch"}
+SOURCES = {m for m in LAYERS if m.startswith("sources")}
+SAMPLING = {m for m in LAYERS if m.startswith("sampling")}
+REPORT = {m for m in LAYERS if m.startswith("report")}
 # What each package may reach outside itself.
 PACKAGE_MAY_IMPORT = {
-    "sources": {"values", "catalog", "options", "faults", "runtime", "launch"},
+    "sources": VOCABULARY,
+    "sampling": VOCABULARY | SOURCES,
+    "report": VOCABULARY | SAMPLING,
+    "sinks": VOCABULARY | SAMPLING | REPORT,
+    "postmortem": VOCABULARY | SOURCES | REPORT,
     "notebook": None,   # anything before it in LAYERS but compat
     "compat": None,     # anything before it in LAYERS but notebook
 }
+# At most this many modules loose at nbmon's top (its __init__ included).
+MAX_LOOSE = 8
 
 HEAVY = ("IPython", "plotly", "pandas", "pynvml", "distributed")
 
@@ -162,15 +176,15 @@ def test_the_checker_on_known_source():
 def test_the_checker_sees_imports():
     # Guard against a checker that silently finds nothing.
     targets = {i.target for i in ALL_IMPORTS["engine"]}
-    assert {"nbmon.sources", "nbmon.sampler", "nbmon.store", "threading"} <= targets
-    assert any(i.target == "pynvml" and i.in_function for i in ALL_IMPORTS["sources.nvml"])
+    assert {"nbmon.sources", "nbmon.sampling.sampler", "nbmon.sampling.store", "threading"} <= targets
+    assert any(i.target == "pynvml" and i.in_function for i in ALL_IMPORTS["sources.gpus.nvml"])
     assert any(i.target == "nbmon.notebook.magics" and i.in_function for i in ALL_IMPORTS["__init__"])
     assert "nbmon.catalog" in {i.target for i in ALL_IMPORTS["sources.proctree"]}
 
 
 def own_module(target: str) -> str | None:
-    """The LAYERS name of an import of nbmon's own code ('nbmon.sources.nvml' ->
-    'sources.nvml'; 'nbmon.sources.nvml.init' -> 'sources.nvml'), None otherwise."""
+    """The LAYERS name of an import of nbmon's own code ('nbmon.sources.cgroup' ->
+    'sources.cgroup'; 'nbmon.sources.cgroup.Cgroup' -> 'sources.cgroup'), None otherwise."""
     if not target.startswith("nbmon."):
         return None
     parts = target.split(".")[1:]
@@ -182,7 +196,7 @@ def own_module(target: str) -> str | None:
 # library -> the modules (or packages) that may import it
 OWNERS = {"IPython": ("notebook.magics",),
           "plotly": ("notebook.live", "notebook.pages", "notebook.dashboard", "notebook.cluster"),
-          "pynvml": ("sources.nvml",), "distributed": ("dask",)}
+          "pynvml": ("sources.gpus.nvml",), "distributed": ("dask",)}
 
 
 @pytest.mark.parametrize("library, owners", sorted(OWNERS.items()))
@@ -253,3 +267,9 @@ def test_no_package_imports_one_that_imports_it():
                    for b in PACKAGES if b != a and (own_module(i.target) or "").startswith(b)}
                for a in PACKAGES}
     assert [(a, b) for a in PACKAGES for b in reaches[a] if a in reaches[b]] == []
+
+
+def test_few_modules_loose_at_the_top():
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(loose) <= MAX_LOOSE, loose
+    assert {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "engine"} == VOCABULARY

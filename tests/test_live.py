@@ -555,7 +555,7 @@ def test_the_memory_warning_is_a_line_at_its_threshold_and_a_note_while_it_holds
     kernel's, beside the limit, in a container with a memory limit) and a
     note on the memory row; once the threshold is above the use, the note
     goes and the line moves."""
-    from nbmon import memwarn
+    from nbmon.postmortem import memwarn
     from nbmon.notebook.dashboard import WARNING_LINE, WARNING_NOTE
 
     watch = memwarn.MemoryWatch(os.getpid(), max(0.5, min(meminfo_used_percent(), container_used_percent()) / 2))

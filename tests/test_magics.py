@@ -20,7 +20,7 @@ from helpers import StubSource, burn_cpu, wait_until
 from nbmon.engine import Monitor
 from nbmon.format import fmt
 from nbmon.notebook.session import SESSION
-from nbmon.summary import ResourceSummary
+from nbmon.report.summary import ResourceSummary
 
 MIB = 2**20
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"

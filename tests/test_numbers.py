@@ -94,7 +94,7 @@ def test_tree_peak_does_not_add_a_spike_to_a_later_childs_memory(tmp_path):
 
 
 def test_demo_peak_is_the_larger_moment_not_the_sum(tmp_path):
-    s, err = summary_of("--", PY, "-m", "nbmon.demo", cwd=tmp_path)
+    s, err = summary_of("--", PY, "-m", "nbmon.cli.demo", cwd=tmp_path)
     # The demo's root spikes 160 MiB over a ~15 MiB interpreter; its child later
     # holds 100 MiB: any peak near 280 MiB adds moments that never coexisted.
     assert 170 <= s["peak_rss_mb"] < 230, err

@@ -1,4 +1,4 @@
-"""nbmon.sources.nvml over the fake NVML library, through the real pynvml module."""
+"""nbmon.sources.gpus.nvml over the fake NVML library, through the real pynvml module."""
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +12,7 @@ import pynvml
 import pytest
 
 import nbmon
-import nbmon.sources.nvml as nvml
+import nbmon.sources.gpus.nvml as nvml
 from nbmon.sources.gpus import GPUs
 from nbmon import catalog
 from fake_nvml import init_refcount, unload_from_pynvml

@@ -15,7 +15,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 from IPython.utils.capture import capture_output
 
-from nbmon import memwarn, options
+from nbmon import options
+from nbmon.postmortem import memwarn
 from nbmon.cli import _parser
 from nbmon.notebook.magics import ResmonMagics
 from nbmon.notebook.session import SESSION

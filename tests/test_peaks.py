@@ -10,7 +10,7 @@ import sys
 import time
 
 from helpers import wait_until
-from nbmon.runtime import pid_started
+from nbmon.private import pid_started
 from nbmon.sources.peaks import PeakMark
 
 MIB_KB = 1024

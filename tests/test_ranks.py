@@ -15,7 +15,7 @@ import time
 import pytest
 
 import nbmon
-from nbmon.ranks import rank_of, rank_table, text_report
+from nbmon.cli.ranks import rank_of, rank_table, text_report
 
 # Each rank says how much it held at its largest (its own VmRSS while it
 # held its block: VmHWM would not do, nbmon resets it to catch the next peak).

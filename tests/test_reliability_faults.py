@@ -33,10 +33,10 @@ from helpers import (DEADLINE_S, StubSource, disk_full_run, figure, in_forked_ch
                      wait_until)
 
 from nbmon import catalog
-from nbmon.consumers import SampleForwarder
+from nbmon.sinks.consumers import SampleForwarder
 from nbmon.engine import Monitor
 from nbmon.sources.proctree import ProcessTree
-from nbmon.senders import CallbackSender, CSVSender, JSONLinesSender
+from nbmon.sinks.senders import CallbackSender, CSVSender, JSONLinesSender
 
 FIELDS = catalog.names(catalog.TREE)
 

@@ -31,11 +31,11 @@ import pytest
 from helpers import DEADLINE_S, StubSource, fd_count, figure, in_forked_child, nbmon_threads, wait_until
 
 import nbmon.notebook.session
-import nbmon.sources.nvml as nvml
-from nbmon.consumers import SampleForwarder
+import nbmon.sources.gpus.nvml as nvml
+from nbmon.sinks.consumers import SampleForwarder
 from nbmon.engine import Monitor
-from nbmon.sampler import STOP_GRACE_S
-from nbmon.senders import CSVSender
+from nbmon.sampling.sampler import STOP_GRACE_S
+from nbmon.sinks.senders import CSVSender
 
 SLACK_S = 0.5       # on top of the documented stop bound (interval + STOP_GRACE_S)
 MIB = 1024 * 1024
@@ -56,14 +56,14 @@ def rss_mib() -> float:
 
 def _helper_of(cmd: list[str], parent: int | None) -> bool:
     """Whether ``cmd`` is a sampler helper (``python -I -c BOOT PATH_JSON
-    nbmon.helper:helper_main PID PARENT_PID OPTIONS_JSON``, see nbmon.launch),
+    nbmon.sampling.process:helper_main PID PARENT_PID OPTIONS_JSON``, see nbmon.launch),
     started by ``parent`` if given."""
     from nbmon.launch import _BOOT
 
     if _BOOT not in cmd:
         return False
     args = cmd[cmd.index(_BOOT) + 1:]
-    return len(args) >= 4 and args[1] == "nbmon.helper:helper_main" and (parent is None or args[3] == str(parent))
+    return len(args) >= 4 and args[1] == "nbmon.sampling.process:helper_main" and (parent is None or args[3] == str(parent))
 
 
 def helper_running(pid: int, parent: int | None = None) -> bool:
@@ -381,8 +381,8 @@ EXIT_SCRIPTS = {
     "with-consumer": """
         import sys
         from nbmon.engine import Monitor
-        from nbmon.consumers import SampleForwarder
-        from nbmon.senders import CSVSender
+        from nbmon.sinks.consumers import SampleForwarder
+        from nbmon.sinks.senders import CSVSender
         m = Monitor(interval=0.01, consumers=[SampleForwarder(CSVSender(sys.argv[1]), every_s=0.01)]).start()
         while m.store.seq < 5:
             pass

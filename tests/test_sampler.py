@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from helpers import DEADLINE_S, FakeEvent, FakeTime, StubSource, wait_until
-from nbmon.sampler import Sampler
+from nbmon.sampling.sampler import Sampler
 
 
 def start(sampler: Sampler) -> None:

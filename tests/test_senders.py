@@ -18,10 +18,10 @@ from IPython.utils.capture import capture_output
 
 import nbmon
 from helpers import csv_rows, disk_full_run, nbmon_threads, sigkill_mid_write, wait_until
-from nbmon.consumers import SampleForwarder
+from nbmon.sinks.consumers import SampleForwarder
 from nbmon.engine import Monitor
 from nbmon.notebook.session import SESSION
-from nbmon.senders import CallbackSender, CSVSender, JSONLinesSender
+from nbmon.sinks.senders import CallbackSender, CSVSender, JSONLinesSender
 
 
 def run_python(code: str, *args, timeout=60) -> subprocess.CompletedProcess:
@@ -101,7 +101,7 @@ def test_file_is_created_with_the_users_umask(tmp_path, cls, umask, mode):
     path = tmp_path / "out"
     done = run_python(f"""
         import os, sys
-        from nbmon.senders import {cls}
+        from nbmon.sinks.senders import {cls}
         os.umask({umask})
         s = {cls}(sys.argv[1])
         s.publish({{"a": 1}})
@@ -189,7 +189,8 @@ def test_disk_full_is_one_clear_error_and_the_file_stays_whole(tmp_path):
 TSV_SINK = """
     import json, os, sys, time
 
-    from nbmon import files, senders
+    from nbmon.sinks import files
+    from nbmon.sinks import senders
 
     class TSVSender:   # the newcomer: a sender made from a path
         def __init__(self, path, *, overwrite=False):
@@ -233,7 +234,7 @@ TSV_SINK = """
 
 
 def test_a_sink_added_to_the_table_reaches_every_front_end(tmp_path):
-    """The newcomer's change for a new sink: one entry in nbmon.senders.SINKS
+    """The newcomer's change for a new sink: one entry in nbmon.sinks.senders.SINKS
     (here a TSV writer, made before the front ends are imported, as an entry
     in the file would be). ``nbmon run --tsv``, ``%resmon --tsv`` and
     ``nbmon.monitor(tsv=...)`` each write every sample there, and both

@@ -1,6 +1,6 @@
 """Sampler -> Store -> Window end to end: a property test and a soak.
 
-Both drive a real :class:`~nbmon.sampler.Sampler` thread on an injected
+Both drive a real :class:`~nbmon.sampling.sampler.Sampler` thread on an injected
 clock: its event's ``wait(timeout)`` advances the fake clock instead of
 sleeping, so a million samples take seconds and every sample time is known.
 tests/test_store.py proves the store alone against a numpy reference; here
@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from helpers import FakeEvent, FakeTime
 from nbmon.notebook.frames import MAX_FRAME_BYTES, build_frame, frame_bytes
-from nbmon.sampler import Sampler
-from nbmon.store import Store
-from nbmon.summary import ResourceSummary, summarize
+from nbmon.sampling.sampler import Sampler
+from nbmon.sampling.store import Store
+from nbmon.report.summary import ResourceSummary, summarize
 from test_store import assert_matches, draw_column, reference, small_max_bytes
 
 NAN = math.nan

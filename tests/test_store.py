@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nbmon.store import BUCKET, FOLD_EVERY, Stats, Store
-from nbmon.summary import summarize
+from nbmon.sampling.store import BUCKET, FOLD_EVERY, Stats, Store
+from nbmon.report.summary import summarize
 
 NAN = math.nan
 

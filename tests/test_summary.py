@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from nbmon.store import Store
-from nbmon.summary import ResourceSample, ResourceSummary, summarize
+from nbmon.sampling.store import Store
+from nbmon.report.summary import ResourceSample, ResourceSummary, summarize
 
 CALIBRAX_FIELDS = ["peak_rss_mb", "mean_rss_mb", "peak_gpu_mem_mb", "mean_gpu_util", "memory_growth_mb",
                    "num_samples", "duration_sec", "mean_gpu_clock_mhz", "mean_gpu_power_w"]

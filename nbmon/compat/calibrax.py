@@ -25,7 +25,7 @@ import psutil
 
 from ..engine import Monitor
 from ..options import check_interval
-from ..summary import ResourceSample, ResourceSummary
+from ..report.summary import ResourceSample, ResourceSummary
 from ..values import NAN, known, reading
 
 __all__ = ["GPUProfilerProtocol", "ResourceMonitor", "ResourceSample", "ResourceSummary"]

@@ -34,9 +34,9 @@ import math
 from contextlib import contextmanager
 
 from ..options import Options
-from ..render import grid_table, grid_text
-from ..summary import PEAK_KINDS
-from ..tables import WorkerCellRecord
+from ..report.render import grid_table, grid_text
+from ..report.summary import PEAK_KINDS
+from ..report.records import WorkerCellRecord
 
 __all__ = ["watch", "unwatch", "watching", "history", "samples", "cell", "cell_html", "client_named",
            "workers_table", "workers_text"]
@@ -113,7 +113,7 @@ def client_named(namespace: dict, name: str):
 
 @contextmanager
 def cell(record):
-    """Around a monitored cell (``record``: its nbmon.tables.CellRecord): exact
+    """Around a monitored cell (``record``: its nbmon.report.records.CellRecord): exact
     spans on every worker of the watched cluster; nothing when none is
     watched. Adds one record per worker to :func:`history` and lists them in
     ``record.workers``."""
@@ -184,7 +184,7 @@ def history():
     ``nbmon.history()`` with ``worker`` and ``host`` after ``status``; a
     worker that did not answer at the cell's end has status 'no answer' and
     no figures."""
-    from ..tables import history_frame
+    from ..report.records import history_frame
 
     rows = [row for cell_rows in _cells for row in cell_rows]
     frame = history_frame(rows)

@@ -16,7 +16,7 @@ import time
 import uuid
 
 from ..options import Options
-from ..summary import ResourceSummary
+from ..report.summary import ResourceSummary
 from .feeds import DEFAULT_WORKER_MAX_BYTES, Collector
 from .worker import NbmonPlugin, Roster, close_span, nbmon_threads, open_span, roster_name
 

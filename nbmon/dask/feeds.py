@@ -1,5 +1,5 @@
 """The notebook's record of a watched cluster: one nbmon
-:class:`~nbmon.store.Store` per worker, fed with its batches.
+:class:`~nbmon.sampling.store.Store` per worker, fed with its batches.
 
 Every batch a worker sends (:mod:`nbmon.dask.wire`) becomes one row of
 that worker's store (bounded like any store), so views, ``samples`` and
@@ -29,8 +29,8 @@ import time
 import numpy as np
 
 from .. import catalog
-from ..store import Stats, Store
-from ..summary import ResourceSummary, summarize
+from ..sampling.store import Stats, Store
+from ..report.summary import ResourceSummary, summarize
 from .wire import Decoder
 
 DEFAULT_WORKER_MAX_BYTES = 1 << 20
@@ -109,7 +109,7 @@ class WorkerFeed:
 
 class BatchStats:
     """A worker's batches as one window's statistics (the interface of
-    :class:`~nbmon.store.Stats` that :func:`nbmon.summary.summarize` reads),
+    :class:`~nbmon.sampling.store.Stats` that :func:`nbmon.report.summary.summarize` reads),
     each statistic of a field read where the batches hold it: the highest
     from ``max_<field>``, the lowest from ``min_<field>``, the others (mean,
     first, last, delta) from the field's own column (each batch's mean, a

@@ -12,7 +12,7 @@ process stops the monitor: no nbmon thread is left behind.
 
 The machine (CPU, memory, disk, network of the host) is sampled by one
 process per host and watch: :class:`HostMachine` holds a lock file in the
-user's private directory (:func:`nbmon.runtime.private_dir`: another user
+user's private directory (:func:`nbmon.private.private_dir`: another user
 of the host can neither hold it nor plant one); the others try to take it
 over every few seconds, so a host stays covered when its reporter dies;
 locks whose holder was killed are swept. :class:`Roster`, a
@@ -31,7 +31,7 @@ import weakref
 
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
-from .. import catalog, runtime
+from .. import catalog, private
 from ..engine import Monitor
 from ..options import Options
 from ..sources.machine import Machine
@@ -74,7 +74,7 @@ class HostMachine:
 
     def start(self, now: float) -> None:
         try:
-            directory = runtime.private_dir(LOCKS)
+            directory = private.private_dir(LOCKS)
         except OSError as err:   # another user's, a link: this process does not report the host
             self.problem = f"no host lock: {err}"
             return
@@ -85,7 +85,7 @@ class HostMachine:
     def _try(self, now: float) -> None:
         self._next_try = now + TAKEOVER_S
         try:
-            fd = runtime.open_private(self.path)
+            fd = private.open_private(self.path)
         except OSError as err:  # no room there, or not a file of ours: this process does not report the host
             self.problem = f"no host lock: {err}"
             return
@@ -131,7 +131,7 @@ def _sweep(directory: str) -> None:
     for name in names:
         path = os.path.join(directory, name)
         try:
-            fd = runtime.open_private(path, os.O_RDWR)
+            fd = private.open_private(path, os.O_RDWR)
         except OSError:
             continue
         try:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import catalog
 from ..format import fmt
-from ..render import BLANK_PNG, Output, png_strips
+from ..report.render import BLANK_PNG, Output, png_strips
 
 TIMELINE_PX = 360       # CSS width of a record's timeline picture
 PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#d62728", "#17becf", "#8c564b", "#e377c2")

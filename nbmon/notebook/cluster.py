@@ -34,7 +34,7 @@ from ..dask import workers_table, workers_text
 from ..dask.wire import shown_column
 from ..format import fmt
 from ..options import DEFAULT_WINDOW_S
-from ..summary import headline
+from ..report.summary import headline
 from . import live
 from .charts import LIMIT_COLOR, PALETTE, ROWS, Record, row_colors, timeline
 from .frames import DEFAULT_BUDGET, MAX_FRAME_BYTES, build_frame

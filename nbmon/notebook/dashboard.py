@@ -7,7 +7,7 @@ a left axis drawn on top, machine-wide ones as light bands on a right axis
 beneath, the container's memory limit as a dashed line, and the cells run
 as bands. Each frame holds the samples that arrived since the last one (one
 group: x seconds since the run's start, a y per trace) and the cell bands
-that changed. The memory warning (:mod:`nbmon.memwarn`) is drawn too: a
+that changed. The memory warning (:mod:`nbmon.postmortem.memwarn`) is drawn too: a
 dotted line at its threshold (under the container's limit, or on the
 machine's axis without one), and a red note on the memory row while the
 warning holds, sent as the layout's patch when it changes.
@@ -22,11 +22,12 @@ import math
 
 import numpy as np
 
-from .. import catalog, memwarn
+from .. import catalog
+from ..postmortem import memwarn
 from ..format import fmt
 from ..options import DEFAULT_WINDOW_S
-from ..render import html_table, png_img, text_table
-from ..summary import headline
+from ..report.render import html_table, png_img, text_table
+from ..report.summary import headline
 from . import live, pages
 from .charts import LIMIT_COLOR, Record, record_timeline, traces_for
 from .frames import DEFAULT_BUDGET, build_frame
@@ -111,7 +112,7 @@ def _origin(store) -> float:
 def record(monitor, live_id: str = "", state: str = "") -> Record:
     """Static record of a monitor's current (or last) run: its headline
     figures and summary table (HTML that every viewer shows, see
-    :mod:`nbmon.render`), and its timeline picture, both from the same run
+    :mod:`nbmon.report.render`), and its timeline picture, both from the same run
     window. ``live_id`` lets a live dashboard's front end mount its chart
     there, and the headline then says that a live chart stood there and as of
     when; ``state`` ends the headline instead ("stopped")."""

@@ -26,18 +26,19 @@ import threading
 import time
 import uuid
 
-from .. import catalog, postmortem
-from ..blackbox import SLOTS, BlackBox, CellNote
+from .. import catalog
+from ..postmortem import deaths
+from ..postmortem.blackbox import SLOTS, BlackBox, CellNote
 from ..engine import Monitor
 from ..format import fmt, printable
-from ..memwarn import MemoryWatch
+from ..postmortem.memwarn import MemoryWatch
 from ..options import Options
-from ..render import html_table, text_table
-from ..runtime import fallback_note
-from ..senders import open_streams
-from ..store import BUCKET, Store
-from ..summary import ResourceSummary, headline, summarize
-from ..tables import CellRecord
+from ..report.render import html_table, text_table
+from ..private import fallback_note
+from ..sinks.senders import open_streams
+from ..sampling.store import BUCKET, Store
+from ..report.summary import ResourceSummary, headline, summarize
+from ..report.records import CellRecord
 from ..values import NAN
 from .charts import Record, record_timeline
 
@@ -105,7 +106,7 @@ class SessionHost:
         died unseen (its outputs), any problem reading it, and which private
         place nbmon's files go to when the first one was taken (``note``)."""
         try:
-            death, problem = postmortem.claim()
+            death, problem = deaths.claim()
             record = death_record(death) if death is not None else None
         except Exception as err:  # noqa: BLE001 - never let a post-mortem stop the extension loading
             record, problem = None, f"{type(err).__name__}: {err}"
@@ -436,7 +437,7 @@ def one_line(record: CellRecord) -> str:
     return " · ".join(part for part in parts if part)
 
 
-def death_record(death: postmortem.Death) -> Record:
+def death_record(death: deaths.Death) -> Record:
     """The post-mortem as a record like a ``%%resmon`` cell's: the table, the
     timeline's legend in it, and the timeline of the box's last minute (its
     records, in a store of their own)."""

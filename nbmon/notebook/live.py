@@ -4,7 +4,7 @@
 front end (js/dashboard/), one refresher lifecycle, one record.
 
 What is displayed is not the widget but the view's static record: a table
-(text/html that every viewer shows, :mod:`nbmon.render`) carrying the
+(text/html that every viewer shows, :mod:`nbmon.report.render`) carrying the
 widget's id, and its timeline picture as the next output (image/png,
 :meth:`LiveView.picture`). The front end mounts a live plotly view into the
 table's output and hides both while it shows. A saved notebook therefore

@@ -16,10 +16,11 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display, update_display
 
-from .. import options as opts, senders
+from .. import options as opts
+from ..sinks import senders
 from ..format import printable
 from ..options import DEFAULT_WINDOW_S, MAGIC, Options, check_interval
-from ..summary import ResourceSummary
+from ..report.summary import ResourceSummary
 from .session import SESSION, options_dict
 
 SUBCOMMANDS = ("start", "stop", "status", "summary", "auto")
@@ -77,7 +78,7 @@ def _unquote(text: str) -> str:
 
 def _from_table(calls):
     """A decorator giving a magic the ``add_argument`` calls of a table
-    (nbmon.options's, nbmon.senders's), in order."""
+    (nbmon.options's, nbmon.sinks.senders's), in order."""
     def decorate(func):
         for args, kwargs in reversed(calls):
             func = argument(*args, **kwargs)(func)
@@ -459,7 +460,7 @@ def _dask_cell(opened: dict, label: str, number: int):
     nbmon_dask = sys.modules.get("nbmon.dask")
     if nbmon_dask is None or nbmon_dask.watching() is None:
         return _NoCell(), None
-    from ..tables import CellRecord
+    from ..report.records import CellRecord
 
     record = CellRecord(number, label, start_time=opened["start_time"], t_open=opened["t_open"])
     return nbmon_dask.cell(record), record

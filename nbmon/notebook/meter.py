@@ -8,7 +8,7 @@ js/format.js's ``fmt`` in the metric's catalog unit, the same rules the
 static summary uses (nbmon/format.py). Unknown readings are None (JSON has
 no NaN); the front end shows them as "–". While the container's memory (or,
 without a limit, the machine's) is above the warning threshold
-(:mod:`nbmon.memwarn`), ``memory_alert`` says which ("container" or
+(:mod:`nbmon.postmortem.memwarn`), ``memory_alert`` says which ("container" or
 "machine") with its percentage and limit, and the meter marks it.
 """
 
@@ -23,7 +23,8 @@ from typing import Any
 import anywidget
 import traitlets as t
 
-from .. import catalog, memwarn
+from .. import catalog
+from ..postmortem import memwarn
 from ..values import known
 from . import frontend
 

@@ -1,5 +1,5 @@
 """The offline pages nbmon writes: one skeleton, one plotly embedding, one
-way to the disk (:func:`nbmon.files.write_text`: never through a planted
+way to the disk (:func:`nbmon.sinks.files.write_text`: never through a planted
 link). A run's page (``nbmon run --html``, :func:`nbmon.notebook.dashboard.write_html`)
 and a distributed job's ranks (``nbmon report --html``, :func:`ranks_figure`)
 are both :func:`write_page`: a title, the static record or tables, then an
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import html
 
-from .. import catalog, files
+from .. import catalog
+from ..sinks import files
 from .charts import PALETTE, ROWS
 from .frames import minmax_indices
 
@@ -33,7 +34,7 @@ def page(title: str, body: str, figure=None) -> str:
 def write_page(path, title: str, body: str, figure=None, *, overwrite: bool = False):
     """Write :func:`page` to ``path``; returns ``path``. An existing name is
     FileExistsError unless ``overwrite``, which replaces the name, never
-    what a link there points to (:mod:`nbmon.files`)."""
+    what a link there points to (:mod:`nbmon.sinks.files`)."""
     files.write_text(path, page(title, body, figure), overwrite=overwrite)
     return path
 

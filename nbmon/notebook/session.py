@@ -17,7 +17,7 @@ import sys
 
 from ..launch import check_room
 from ..options import Options
-from ..summary import ResourceSummary
+from ..report.summary import ResourceSummary
 
 # Where the session runs by default: a helper process, where one can run.
 DEFAULT_BACKEND = "process" if sys.platform.startswith("linux") else "thread"
@@ -170,7 +170,7 @@ class RemoteMonitor:
 def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = False, **settings):
     """The notebook's monitor (the one ``%resmon`` shows), started with
     ``options`` and ``settings`` (e.g. ``interval=0.5``) if none runs yet.
-    A setting named after a sink (nbmon.senders.SINKS: ``csv``, ``jsonl``)
+    A setting named after a sink (nbmon.sinks.senders.SINKS: ``csv``, ``jsonl``)
     streams every sample to that file (an existing one is refused unless
     ``overwrite``); ``consumers`` (consumers, senders or callables) are
     attached too, either way, so a sink of your own gets the kernel's samples::
@@ -181,7 +181,7 @@ def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = F
     Consumers of your own run in the kernel: the session then runs there
     too (``backend="thread"``), as it does when asked for by name.
     """
-    from ..senders import MONITOR, check_outputs, sinks
+    from ..sinks.senders import MONITOR, check_outputs, sinks
 
     names = {sink.name for sink in sinks(MONITOR)}
     outputs = {name: path for name, path in settings.items() if name in names and path is not None}
@@ -204,7 +204,7 @@ def history(workers: bool = False):
     then the ResourceSummary fields (units in their names: _mb is MiB);
     GPU columns only when some cell has a GPU figure. ``workers=True``: one
     row per cell and worker of a watched Dask cluster (:mod:`nbmon.dask`)."""
-    from ..tables import CellRecord, history_frame
+    from ..report.records import CellRecord, history_frame
 
     if workers:
         from .. import dask
@@ -232,7 +232,7 @@ def samples(workers: bool = False):
         return dask.samples()
     import numpy as np
 
-    from ..tables import samples_frame
+    from ..report.records import samples_frame
 
     got = SESSION.host.samples() if SESSION.host is not None else {"columns": []}
     t, wall, *values = (np.frombuffer(b, dtype=np.float64) for b in got.get("buffers") or [b"", b""])

@@ -16,7 +16,7 @@ reads and resets the mark folds the value into every reader's slot, under a
 file lock; each reader takes the largest value collected in its own slot
 since its previous take.
 
-Boards live in nbmon's private per-user directory (:mod:`nbmon.runtime`),
+Boards live in nbmon's private per-user directory (:mod:`nbmon.private`),
 never in /dev/shm: another user can neither plant one nor read one. A
 board is opened without following links and checked on its descriptor, read
 and written with ``pread``/``pwrite`` (never mapped: a file truncated under
@@ -45,7 +45,7 @@ import struct
 import time
 import weakref
 
-from ..runtime import alive, open_private, pid_started, private_dir, started_in
+from ..private import alive, open_private, pid_started, private_dir, started_in
 from .procfs import BUDGET, pread, read_path
 
 CLEAR_REFS_RESET_PEAK = b"5"   # proc(5): resets the peak RSS (VmHWM) to the current RSS

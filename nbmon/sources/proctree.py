@@ -33,7 +33,7 @@ import time
 
 from .. import catalog
 from ..options import SLOW_EVERY_S
-from ..runtime import pid_started
+from ..private import pid_started
 from ..values import NAN
 from .cgroup import cgroup_dirs, cpu_limit
 from .memory import (FAULT_KB_PER_S, SHARED_MOVE_MB, UNMAP_SLACK_KB, WALK_NOW_KB, Interval, Status, Walker, parse_status,

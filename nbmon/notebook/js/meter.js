@@ -22,7 +22,7 @@
 //                                is [hidden] unless that value is > 0.
 //   [data-nbmon="alert"]         the memory warning, [hidden] unless memory_alert is
 //                                "container" or "machine" (that memory is above the
-//                                warning threshold: nbmon/memwarn.py); data-value is
+//                                warning threshold: nbmon/postmortem/memwarn.py); data-value is
 //                                its percentage. The root then has data-alert and the
 //                                class nbmon-meter--alert (the RAM bar turns red).
 //

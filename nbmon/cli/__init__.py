@@ -27,17 +27,19 @@ import time
 import warnings
 from contextlib import contextmanager
 
-from . import options as opts, postmortem, ranks
-from .engine import Monitor
-from .format import one_line, printable
-from .options import Options, check_interval
-from .runtime import fallback_note
-from .senders import FORCE_HINT, SINKS, Ended, check_outputs, open_stream, outputs_given
-from .senders import arguments as sink_arguments
-from .sources.cgroup import OwnGroup
-from .sources.proctree import EXCLUDED, all_thread_child_pids
-from .values import NAN, known
-from .summary import ResourceSummary
+from .. import options as opts
+from ..postmortem import deaths
+from . import ranks
+from ..engine import Monitor
+from ..format import one_line, printable
+from ..options import Options, check_interval
+from ..private import fallback_note
+from ..sinks.senders import FORCE_HINT, SINKS, Ended, check_outputs, open_stream, outputs_given
+from ..sinks.senders import arguments as sink_arguments
+from ..sources.cgroup import OwnGroup
+from ..sources.proctree import EXCLUDED, all_thread_child_pids
+from ..values import NAN, known
+from ..report.summary import ResourceSummary
 
 VERBS = ("run", "demo", "report", "postmortem")
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
@@ -57,7 +59,7 @@ def _refused():
 
 
 def _page(monitor, path, *, title: str, overwrite: bool) -> None:
-    from .notebook.dashboard import write_html
+    from ..notebook.dashboard import write_html
 
     write_html(monitor, path, title=title, overwrite=overwrite)
 
@@ -87,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--wait-descendants", action="store_true",
                      help="when the command exits, go on until every process it started has ended")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
-    # -- the ranks of a distributed job (nbmon/ranks.py) --
+    # -- the ranks of a distributed job (nbmon/cli/ranks.py) --
     run.add_argument("--rank-dir", metavar="DIR", help="write this rank's samples to DIR/rank-<N>.jsonl, N "
                      "from RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID (torchrun, mpirun, Slurm)")
     run.add_argument("--rank", metavar="N", help="with --rank-dir: the rank, where no launcher sets one")
@@ -112,7 +114,7 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
         force: bool = False, quiet: bool = False, tags: dict | None = None,
         wait_descendants: bool = False, own_cgroup: bool = False) -> int:
     """Run ``argv`` under a monitor; ``outputs`` maps names of sinks
-    (nbmon.senders.SINKS) to paths; ``tags`` are added to every streamed
+    (nbmon.sinks.senders.SINKS) to paths; ``tags`` are added to every streamed
     sample (a rank's). Returns the exit code nbmon exits with."""
     outputs = {k: v for k, v in (outputs or {}).items() if v is not None}
     with _refused():
@@ -316,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         with _refused():
             options = Options.from_arguments(ns)
         if ns.verb == "demo":
-            return run([sys.executable, "-m", "nbmon.demo"], options, {"html": ns.html}, force=ns.force)
+            return run([sys.executable, "-m", "nbmon.cli.demo"], options, {"html": ns.html}, force=ns.force)
         command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
         outputs = outputs_given(ns, opts.CLI)
         with _refused():
@@ -332,7 +334,7 @@ def _postmortem() -> int:
     """``nbmon postmortem``: each kernel of this user's that died while nbmon
     watched it (its black box is kept a week), newest first; what in the
     boxes' directory is not a box is named on stderr."""
-    found, scan = postmortem.deaths()
+    found, scan = deaths.deaths()
     if scan.problem:
         print(f"nbmon: {scan.problem}", file=sys.stderr)
         return 1
@@ -342,12 +344,12 @@ def _postmortem() -> int:
         print(f"{death}\n")
     if not found:
         print(f"nbmon: no kernel of yours died while nbmon watched it in the last "
-              f"{postmortem.KEEP_S / 86400:g} days")
+              f"{deaths.KEEP_S / 86400:g} days")
     for path, why in scan.skipped:
         print(one_line(f"nbmon: skipped {path}: {why}"), file=sys.stderr)
     if scan.unread:
         print(one_line(f"nbmon: {len(scan.unread)} older entries of {scan.directory} not read "
-                       f"(the newest {postmortem.MAX_ENTRIES} are)"), file=sys.stderr)
+                       f"(the newest {deaths.MAX_ENTRIES} are)"), file=sys.stderr)
     return 0
 
 

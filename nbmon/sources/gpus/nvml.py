@@ -18,8 +18,8 @@ import numbers
 import os
 import threading
 
-from .. import catalog
-from ..values import MIB, NAN
+from ... import catalog
+from ...values import MIB, NAN
 
 
 _lock = threading.Lock()

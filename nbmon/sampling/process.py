@@ -37,10 +37,10 @@ import time
 import numpy as np
 
 from .faults import FaultLog
-from .launch import spawn
-from .options import Options
+from ..launch import spawn
+from ..options import Options
 from .sampler import STOP_GRACE_S, Sampler
-from .sources.proctree import EXCLUDED
+from ..sources.proctree import EXCLUDED
 
 _FRAME = struct.Struct("<cI")
 START_TIMEOUT_S = 5.0
@@ -57,8 +57,8 @@ def _write(kind: bytes, payload: bytes) -> None:
 
 
 def helper_main(argv: list[str]) -> int:
-    """``python -m nbmon.helper PID PARENT_PID OPTIONS_JSON``"""
-    from .sources import Sources
+    """``python -m nbmon.sampling.process PID PARENT_PID OPTIONS_JSON``"""
+    from ..sources import Sources
 
     pid, parent, options = int(argv[0]), int(argv[1]), Options.from_json(argv[2])
     EXCLUDED.add(os.getpid())  # a child of the kernel it watches, never part of its tree
@@ -130,7 +130,7 @@ HELPER_IMPORTS = ("nbmon", "numpy", "psutil", "pynvml")   # found where the kern
 
 
 class ProcessSampler:
-    """A :class:`~nbmon.sampler.Sampling`, as the thread's Sampler is, whose
+    """A :class:`~nbmon.sampling.sampler.Sampling`, as the thread's Sampler is, whose
     sampling happens in the helper process."""
 
     name = "nbmon-reader"
@@ -159,7 +159,7 @@ class ProcessSampler:
     def prime(self) -> None:
         """Start the helper and read its header; raises RuntimeError if it
         does not come up within START_TIMEOUT_S."""
-        self.proc = spawn("nbmon.helper:helper_main", [str(self.pid), str(os.getpid()), self.options.to_json()],
+        self.proc = spawn("nbmon.sampling.process:helper_main", [str(self.pid), str(os.getpid()), self.options.to_json()],
                           HELPER_IMPORTS)
         EXCLUDED.add(self.proc.pid)  # nbmon's own: no monitor of this process counts it
         try:

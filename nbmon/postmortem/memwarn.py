@@ -32,10 +32,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from .format import fmt
-from .options import DEFAULT_MEMORY_WARNING_PERCENT
-from .sources.cgroup import Cgroup
-from .values import MIB
+from ..format import fmt
+from ..options import DEFAULT_MEMORY_WARNING_PERCENT
+from ..sources.cgroup import Cgroup
+from ..values import MIB
 
 REARM_POINTS = 5.0      # a crossing ends this far below the threshold
 NEAR_POINTS = 20.0      # from this far below the threshold, read four times a second

@@ -11,10 +11,10 @@ import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import catalog
-from .catalog import DELTA, GAUGE, LAST, MEAN, PEAK, figure_key, unit_of
-from .format import fmt
-from .values import known
+from .. import catalog
+from ..catalog import DELTA, GAUGE, LAST, MEAN, PEAK, figure_key, unit_of
+from ..format import fmt
+from ..values import known
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -376,7 +376,7 @@ def peak_of(stats, metric: catalog.Metric | None = None) -> tuple[float | None, 
 
 
 def summarize(stats) -> ResourceSummary:
-    """ResourceSummary of a store window's :class:`~nbmon.store.Stats`."""
+    """ResourceSummary of a store window's :class:`~nbmon.sampling.store.Stats`."""
     if stats.count == 0:
         return ResourceSummary.zeroed()
     figures = figures_of(stats)

@@ -24,9 +24,9 @@ import os
 import re
 import socket
 
-from . import catalog
-from .format import MISSING, fmt
-from .render import grid_table, grid_text
+from .. import catalog
+from ..format import MISSING, fmt
+from ..report.render import grid_table, grid_text
 
 # (launcher, rank variable, local rank variable, world size variable): the
 # first whose rank variable is set wins (torchrun inside a Slurm step sets both).
@@ -92,7 +92,7 @@ def run_tags(rank_dir: str | None, rank, outputs: dict, environ=None) -> dict | 
 
 
 class Tagged:
-    """A file sender (:mod:`nbmon.senders`) whose every event gets ``tags`` added."""
+    """A file sender (:mod:`nbmon.sinks.senders`) whose every event gets ``tags`` added."""
 
     def __init__(self, sender, tags: dict):
         self.sender, self.tags = sender, dict(tags)
@@ -297,7 +297,7 @@ def write_report(frame, path, *, title: str = "ranks", overwrite: bool = False, 
     and a timeline per metric with a trace per rank. Returns ``path``."""
     import html
 
-    from .notebook.pages import ranks_figure, write_page
+    from ..notebook.pages import ranks_figure, write_page
 
     table = rank_table(frame)
     flagged = {flag: table.index[table[flag]] for flag in ("straggler", "largest")}

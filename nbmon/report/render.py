@@ -18,7 +18,7 @@ import html
 import struct
 import zlib
 
-from .format import one_line
+from ..format import one_line
 
 # Cosmetic only (a viewer may strip them; the table reads the same): compact
 # cells, labels left (JupyterLab right-aligns every cell for DataFrames).

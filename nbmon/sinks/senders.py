@@ -5,7 +5,7 @@ the files nbmon writes for the user, from which ``nbmon run``'s flags,
 
 A sender has ``publish(event, **kwargs)`` (the scaffold seed's interface)
 and may have ``publish_many(events)``, ``flush()`` and ``close()``; a
-monitor feeds it through :class:`nbmon.consumers.SampleForwarder`. File
+monitor feeds it through :class:`nbmon.sinks.consumers.SampleForwarder`. File
 senders write whole lines only: every batch goes to the file in one
 ``write``, and a write the disk cuts short is truncated back to the last
 whole line before the error is raised, so a reader never sees half a line,
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from . import files
-from .options import CLI, MAGIC
-from .values import known
+from ..options import CLI, MAGIC
+from ..values import known
 
 if TYPE_CHECKING:
-    from .summary import ResourceSummary
+    from ..report.summary import ResourceSummary
 
 
 class _LineFile:
@@ -203,7 +203,7 @@ class Sink:
     makes its sender. A report is written once, when the run has ended:
     ``write(path, ended, overwrite)``, so only ``nbmon run``, which knows
     the run's end, offers reports. Neither writes through a link planted at
-    the path, nor replaces a file unless told (:mod:`nbmon.files`).
+    the path, nor replaces a file unless told (:mod:`nbmon.sinks.files`).
     ``offered``: the front ends that have it."""
 
     name: str
@@ -260,7 +260,7 @@ def check_outputs(outputs: Mapping[str, str], overwrite: bool, replace_hint: str
 
 def _check_output(path: str, overwrite: bool, replace_hint: str) -> None:
     """An existing name is never opened (a link planted there may point
-    anywhere, at a FIFO even): replacing removes the name (nbmon.files), so
+    anywhere, at a FIFO even): replacing removes the name (nbmon.sinks.files), so
     what counts is that a new file can be made beside it and the name removed."""
     if os.path.isdir(path) and not os.path.islink(path):
         raise ValueError(f"output path {path!r} is a directory")

@@ -6,12 +6,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import catalog
+from .. import catalog
 from .summary import COUNTS_FROM_WINDOW, FROM_WINDOW, ResourceSummary
-from .values import NAN
+from ..values import NAN
 
 if TYPE_CHECKING:
-    from .store import Stats
+    from ..sampling.store import Stats
 
 
 def samples_frame(t, wall, values: dict):

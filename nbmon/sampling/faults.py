@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 
-from .format import printable
+from ..format import printable
 
 
 def source_name(source) -> str:

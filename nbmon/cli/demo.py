@@ -1,5 +1,5 @@
 """The workload ``nbmon demo`` watches: a CPU burst, a short memory spike and
-a child process, about three seconds in all. Run as ``python -m nbmon.demo``."""
+a child process, about three seconds in all. Run as ``python -m nbmon.cli.demo``."""
 from __future__ import annotations
 
 import subprocess

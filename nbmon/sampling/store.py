@@ -22,8 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .options import DEFAULT_MAX_BYTES
-from .values import NAN
+from ..options import DEFAULT_MAX_BYTES
+from ..values import NAN
 
 BUCKET = 16        # samples per min/max pair in the coarse tier
 FOLD_EVERY = 64    # samples between folds into the running aggregates

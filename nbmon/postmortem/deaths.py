@@ -1,5 +1,5 @@
 """Why did my kernel die? The post-mortem of a kernel that left its black box
-(:mod:`nbmon.blackbox`) behind.
+(:mod:`nbmon.postmortem.blackbox`) behind.
 
 A box is a kernel's of this host when its host name is this one's: then a
 box whose kernel is gone (its pid and start time name no live process, or
@@ -43,13 +43,13 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from . import catalog
+from .. import catalog
 from .blackbox import (NOTEBOOK_HASH, SUFFIX, BadBox, Box, Cell, boot_id, box_dir, notebook_hash, notebook_name,
                        pid_namespace, read_box)
-from .format import fmt, one_line, printable
-from .render import html_table, text_table
-from .runtime import alive
-from .sources.cgroup import Cgroup
+from ..format import fmt, one_line, printable
+from ..report.render import html_table, text_table
+from ..private import alive
+from ..sources.cgroup import Cgroup
 
 KEEP_S = 7 * 86400.0
 KEEP_DEAD = 16

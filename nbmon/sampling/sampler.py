@@ -26,14 +26,14 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from .faults import FaultLog, source_name
-from .values import NAN
+from ..values import NAN
 
 STOP_GRACE_S = 0.1  # stop() waits one interval plus this for the thread to end
 
 
 class Sampling(Protocol):
     """What the engine drives: this module's :class:`Sampler` (a thread) and
-    :class:`nbmon.helper.ProcessSampler` (a helper process) alike."""
+    :class:`nbmon.sampling.process.ProcessSampler` (a helper process) alike."""
 
     fields: tuple[str, ...]
     t_start: float

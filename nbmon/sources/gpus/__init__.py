@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import os
 
-from .. import catalog
+from ... import catalog
 from . import nvml
-from ..values import NAN
+from ...values import NAN
 
 VENDORS = (nvml,)
 

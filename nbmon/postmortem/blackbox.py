@@ -1,10 +1,10 @@
 """The black box: the last minute of a kernel's figures in a small file that
 outlives the kernel, so that the next kernel can say why this one died
-(:mod:`nbmon.postmortem`).
+(:mod:`nbmon.postmortem.deaths`).
 
 While the notebook's monitor runs, each kernel keeps one file,
 ``<private dir>/boxes/<pid>-<start>-<boot>.box`` (the 0700 per-user
-directory of :mod:`nbmon.runtime`; never a shared one). It is removed when
+directory of :mod:`nbmon.private`; never a shared one). It is removed when
 the monitor stops or the kernel exits normally; a box whose kernel is gone
 is what a death leaves behind.
 
@@ -24,7 +24,7 @@ written in place with ``pwrite``, each part with its own CRC-32:
 A record holds its second's statistic of each field over every sample taken
 in it (the highest memory, the lowest available memory, the mean CPU), so a
 spike between two records is not lost; the container's figures are the
-memory warning's reads (:mod:`nbmon.memwarn`). While the memory is near the
+memory warning's reads (:mod:`nbmon.postmortem.memwarn`). While the memory is near the
 warning threshold (within 20 points, or heading there fast) both read four
 times a second and the current second's record is rewritten at each read,
 so the last record before an OOM kill is at most 0.25 s old. Every part is one small ``pwrite`` into the
@@ -47,9 +47,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import catalog
-from .runtime import open_private, pid_started, private_dir
-from .sources.procfs import BUDGET
+from .. import catalog
+from ..private import open_private, pid_started, private_dir
+from ..sources.procfs import BUDGET
 
 VERSION = 1
 MAGIC = b"NBMONBOX"
@@ -316,9 +316,9 @@ def _decode_cell(chunk: bytes) -> Cell:
 
 def read_box(path: str) -> Box:
     """Read and check the box at ``path``: a regular file of this user's
-    (opened without following a link; see :func:`nbmon.runtime.open_private`)
+    (opened without following a link; see :func:`nbmon.private.open_private`)
     of a black box's size and form; :class:`BadBox` or an OSError
-    (:class:`~nbmon.runtime.UnsafePath` among them) otherwise."""
+    (:class:`~nbmon.private.UnsafePath` among them) otherwise."""
     fd = open_private(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         data = os.pread(fd, box_size(MAX_FIELDS) + 1, 0)
@@ -368,7 +368,7 @@ class BlackBox:
     docstring) while its monitor runs, and removes it when the run ends.
 
     ``cell`` is the kernel's :class:`CellNote`; ``memory`` (a
-    :class:`nbmon.memwarn.MemoryWatch` attached before this box) gives the
+    :class:`nbmon.postmortem.memwarn.MemoryWatch` attached before this box) gives the
     container's memory four times a second (the store has it once a second)
     and says when it is near the limit. A box that cannot be written fails
     once, as the monitor's fault ``BlackBox`` (``%resmon status``), and then

@@ -8,7 +8,7 @@ and ``close()``. It reads what it needs from the store, so a slow or stuck
 consumer never delays a sample nor the shutdown.
 
 A *sender* (``publish(event)``, the scaffold seed's interface; see
-:mod:`nbmon.senders`) receives every sample as an event through
+:mod:`nbmon.sinks.senders`) receives every sample as an event through
 :class:`SampleForwarder`. :func:`as_consumer` takes a consumer, a sender
 or a plain callable, so a user's own sink attaches to any monitor (the
 notebook's too: ``nbmon.monitor().attach(sink)``).
@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
-from .faults import FaultLog, source_name
+from ..sampling.faults import FaultLog, source_name
 from .senders import CallbackSender
 
 THREAD_NAME = "nbmon-consumers"
