@@ -30,6 +30,7 @@ _LAZY = {
     "CSVSender": "sinks.senders",
     "JSONLinesSender": "sinks.senders",
     "CallbackSender": "sinks.senders",
+    "open_sink": "sinks.senders",
     "NVMLProfiler": "sources.gpus.nvml",
     "monitor": "notebook.session",
     "history": "notebook.session",

@@ -11,10 +11,18 @@ Adding a metric: one entry in ``METRICS``, and the source named in its
 ``source`` returns a value under its name. Per-GPU metrics (``DEVICE``) are
 named without the device: the column of device ``i`` is ``gpu<i>_<name>``
 (:func:`device_column`).
+
+A third party extends nbmon without editing it, through entry points
+(:func:`plugins`): ``nbmon.metrics`` (a module with ``METRICS``, its
+entries, and ``source(pid, options)``, the source that reads them),
+``nbmon.gpus`` (a GPU vendor, :mod:`nbmon.sources.gpus`) and ``nbmon.sinks``
+(a :class:`~nbmon.sinks.senders.Sink`). nbmon's own metrics, vendors and
+sinks have the same form.
 """
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 # kinds
@@ -93,7 +101,41 @@ class Metric:
     short: str = ""
 
 
-METRICS: tuple[Metric, ...] = (
+METRICS_GROUP, GPUS_GROUP, SINKS_GROUP = "nbmon.metrics", "nbmon.gpus", "nbmon.sinks"
+_PLUGINS: dict[str, list] = {}
+
+
+def _entry_points(group: str) -> list:
+    from importlib.metadata import entry_points   # a kernel has it already; elsewhere ~20 ms, once
+    return sorted(entry_points(group=group), key=lambda point: point.name)
+
+
+def plugins(group: str) -> list:
+    """What the installed distributions' entry points in ``group`` name,
+    loaded once per process, in entry-point name order. One that cannot be
+    loaded is said in one line on stderr and left out: a broken plugin
+    never stops nbmon."""
+    if group not in _PLUGINS:
+        loaded = []
+        for point in _entry_points(group):
+            try:
+                loaded.append(point.load())
+            except Exception as err:   # whatever a third party's import raises
+                print(f"nbmon: plugin {point.name!r} of {group} ({point.value}) cannot be loaded "
+                      f"({type(err).__name__}: {err}); nbmon goes on without it", file=sys.stderr)
+        _PLUGINS[group] = loaded
+    return _PLUGINS[group]
+
+
+def plugin_imports() -> tuple[str, ...]:
+    """The top-level packages of every plugin: nbmon's helper processes
+    import them from where this process finds them."""
+    groups = (METRICS_GROUP, GPUS_GROUP, SINKS_GROUP)
+    return tuple(dict.fromkeys(point.value.split(":")[0].split(".")[0].strip()
+                               for group in groups for point in _entry_points(group)))
+
+
+BUILT_IN: tuple[Metric, ...] = (
     # -- the process tree ------------------------------------------------------
     Metric("proc_cpu_percent", "%", "CPU, process tree (100 = one core)", RATE, MEAN, TREE,
            chart="cpu", meter=True, short="CPU", record=(Shown("CPU mean / peak", 90, (MEAN, PEAK)),)),
@@ -178,6 +220,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("gpu_sm_clock_mhz", "MHz", "GPU SM clock (mean over GPUs)", GAUGE, MEAN, GPU,
            total="mean", of="sm_clock_mhz"),
 )
+# A plugin's module may import this one: its metrics join once Metric exists.
+METRICS: tuple[Metric, ...] = BUILT_IN + tuple(metric for plugin in plugins(METRICS_GROUP)
+                                               for metric in plugin.METRICS)
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 

@@ -23,6 +23,8 @@ import site
 import subprocess
 import sys
 
+from . import catalog
+
 # nbmon's own helper processes: never part of a watched tree, though they
 # are children of the process they watch.
 EXCLUDED: set[int] = set()
@@ -58,10 +60,11 @@ def import_path(names) -> list[str]:
 def spawn(entry: str, args: list[str], imports, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """Start ``entry`` ("package.module:function", called with ``args``, its
     return value the exit status) in an isolated interpreter that finds
-    ``imports`` where this process does; its stdin and stdout are pipes,
-    and it inherits ``pass_fds`` too."""
+    ``imports`` (and nbmon's plugins) where this process does; its stdin
+    and stdout are pipes, and it inherits ``pass_fds`` too."""
+    path = import_path((*imports, *catalog.plugin_imports()))
     return subprocess.Popen(
-        [sys.executable, "-I", "-c", _BOOT, json.dumps(import_path(imports)), entry, *args],
+        [sys.executable, "-I", "-c", _BOOT, json.dumps(path), entry, *args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
         close_fds=True, pass_fds=pass_fds, start_new_session=True)
 

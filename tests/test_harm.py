@@ -102,7 +102,7 @@ def copy_of_nbmon(into: str) -> str:
     os.makedirs(into, exist_ok=True)
     target = os.path.join(into, "nbmon")
     shutil.copytree(NBMON_DIR, target, ignore=shutil.ignore_patterns("__pycache__"))
-    helper = os.path.join(target, "helper.py")
+    helper = os.path.join(target, "sampling", "process.py")
     with open(helper) as f:
         text = f.read()
     future = "from __future__ import annotations\n"
@@ -143,7 +143,7 @@ def test_the_helper_starts_from_wherever_the_kernels_nbmon_came_from(tmp_path, w
            helper_imported=imported.get(str(kernel["helper"]), "").strip())
     assert kernel["nbmon"] == os.path.join(copy, "__init__.py")
     assert kernel["backend"] == "process" and kernel["samples"] >= 3, done.stderr
-    assert imported[str(kernel["helper"])].strip() == os.path.join(copy, "helper.py")
+    assert imported[str(kernel["helper"])].strip() == os.path.join(copy, "sampling", "process.py")
 
 
 # -- outputs never written through a planted link --------------------------------------------

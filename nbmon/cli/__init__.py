@@ -34,7 +34,7 @@ from ..engine import Monitor
 from ..format import one_line, printable
 from ..options import Options, check_interval
 from ..private import fallback_note
-from ..sinks.senders import FORCE_HINT, SINKS, Ended, check_outputs, open_stream, outputs_given
+from ..sinks.senders import FORCE_HINT, SINKS, Ended, check_outputs, open_streams, outputs_given
 from ..sinks.senders import arguments as sink_arguments
 from ..sources.cgroup import OwnGroup
 from ..sources.proctree import EXCLUDED, all_thread_child_pids
@@ -114,11 +114,44 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
         force: bool = False, quiet: bool = False, tags: dict | None = None,
         wait_descendants: bool = False, own_cgroup: bool = False) -> int:
     """Run ``argv`` under a monitor; ``outputs`` maps names of sinks
-    (nbmon.sinks.senders.SINKS) to paths; ``tags`` are added to every streamed
-    sample (a rank's). Returns the exit code nbmon exits with."""
+    (nbmon.sinks.senders.SINKS) to their targets; ``tags`` are added to
+    every streamed sample (a rank's). Returns the exit code nbmon exits with."""
     outputs = {k: v for k, v in (outputs or {}).items() if v is not None}
     with _refused():
         check_outputs(outputs, force, FORCE_HINT)
+    refused = _cannot_run(argv)
+    if refused:
+        return refused
+    adopted = _become_subreaper()
+    # A child's ru_maxrss starts at its parent's peak (the image it forked
+    # from, counted again at exec): only above ours is it the command's own.
+    own_peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    group = OwnGroup.make() if own_cgroup else None
+    if own_cgroup and group is None:
+        _say(f"nbmon: --cgroup: {OwnGroup.why}; the peak is read from the processes' high-water marks")
+    started = _start(argv, outputs, force, group)
+    if isinstance(started, int):
+        return started
+    child, streams = started
+    every_s = min(1.0, max(options.interval, 0.2))
+    monitor = Monitor(child.pid, dataclasses.replace(options, adopt=options.children and adopted))
+    for sender in streams:
+        monitor.attach(ranks.Tagged(sender, tags) if tags else sender, every_s)
+    exit_ = _watch(child, monitor, options.interval, wait_descendants and adopted)
+    summary = _with_exit_usage(monitor.summary(), exit_, monitor.store.t_start, options.children, own_peak_kb)
+    if group is not None:
+        summary = dataclasses.replace(summary, peak_group_mem_mb=known(group.peak_mb()))
+        left_group = group.close()
+        if left_group:
+            _say(f"nbmon: {left_group}")
+    _write_reports(outputs, Ended(summary, monitor, " ".join(argv), page=_page), force)
+    _tell_end(argv, exit_, summary, monitor, quiet)
+    return 128 - exit_.code if exit_.code < 0 else exit_.code
+
+
+def _cannot_run(argv: list[str]) -> int:
+    """The shell's exit code for a command that cannot start (said in one
+    line), 0 when it may."""
     if not argv:
         raise UsageError("missing command: nbmon run [options] -- CMD [ARGS...]")
     # A path that exists but cannot run is 126 (Popen says why), as in a shell, not "not found".
@@ -129,60 +162,46 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
     if os.sep in argv[0] and (os.path.isdir(argv[0]) or not os.access(argv[0], os.X_OK)):
         _say(f"nbmon: cannot run {argv[0]}: {os.strerror(errno.EACCES)}")
         return 126
-    streams = {name: path for name, path in outputs.items() if SINKS[name].open is not None}
-    created = [p for p in streams.values() if not os.path.lexists(p)]
-    adopted = _become_subreaper()
-    # A child's ru_maxrss starts at its parent's peak (the image it forked
-    # from, counted again at exec): only above ours is it the command's own.
-    own_peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    senders = []
-    group = OwnGroup.make() if own_cgroup else None
-    if own_cgroup and group is None:
-        _say(f"nbmon: --cgroup: {OwnGroup.why}; the peak is read from the processes' high-water marks")
+    return 0
+
+
+def _start(argv: list[str], outputs: dict[str, str], force: bool, group):
+    """(the command's process, its streams' senders), or the exit code when
+    it cannot start; then no stream is left open, no output file made."""
+    streams = []
     try:
-        for name, path in streams.items():
-            with _refused():
-                senders.append(open_stream(name, path, force))
-        child = subprocess.Popen(argv, preexec_fn=group.enter if group else None)
+        with _refused():
+            streams = open_streams(outputs, force, FORCE_HINT)
+        return subprocess.Popen(argv, preexec_fn=group.enter if group else None), streams
     except (OSError, UsageError) as err:  # an output, or the command: not a binary, ...
-        for sender in senders:
-            sender.close()
-        for path in created:  # the command never ran: leave no empty output files behind
-            if os.path.lexists(path):
-                os.unlink(path)
+        if streams:
+            streams.discard()
         if group is not None:
             group.close()
         if isinstance(err, UsageError):
             raise
         _say(f"nbmon: cannot run {argv[0]}: {err.strerror}")
         return 126
-    every_s = min(1.0, max(options.interval, 0.2))
-    monitor = Monitor(child.pid, dataclasses.replace(options, adopt=options.children and adopted))
-    for sender in senders:
-        monitor.attach(ranks.Tagged(sender, tags) if tags else sender, every_s)
+
+
+def _watch(child: subprocess.Popen, monitor: Monitor, interval: float, descendants: bool) -> "_Exit":
+    """Monitor ``child`` until it (and with ``descendants`` what it left) ends."""
     # Like a shell waiting for its job: Ctrl-C goes to the command (same
     # process group), nbmon stays to report; SIGTERM is passed on.
     old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
     old_term = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     try:
         monitor.start()
-        waited_all = wait_descendants and adopted
-        exit_ = _wait(child, waited_all)
-        code = exit_.code
-        left = _left_running(exit_)
+        return _wait(child, descendants)
     finally:
         with warnings.catch_warnings():  # faults are listed below, once
             warnings.simplefilter("ignore", RuntimeWarning)
-            monitor.stop(timeout=max(1.0, options.interval + 0.1))
+            monitor.stop(timeout=max(1.0, interval + 0.1))
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
-    summary = _with_exit_usage(monitor.summary(), exit_, monitor.store.t_start, options.children, own_peak_kb)
-    if group is not None:
-        summary = dataclasses.replace(summary, peak_group_mem_mb=known(group.peak_mb()))
-        left_group = group.close()
-        if left_group:
-            _say(f"nbmon: {left_group}")
-    ended = Ended(summary, monitor, " ".join(argv), page=_page)
+
+
+def _write_reports(outputs: dict[str, str], ended: Ended, force: bool) -> None:
     for name, path in outputs.items():
         if SINKS[name].write is None:
             continue
@@ -193,6 +212,10 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
             _say(f"nbmon: error: {path} appeared while the command ran; not replaced (add --force to replace it)")
         except OSError as err:  # the disk filled, the directory went
             _say(f"nbmon: error: cannot write {path}: {err.strerror or err}")
+
+
+def _tell_end(argv: list[str], exit_: "_Exit", summary: ResourceSummary, monitor: Monitor, quiet: bool) -> None:
+    code, left = exit_.code, _left_running(exit_)
     if not quiet:
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
         _say(f"\nnbmon: {' '.join(argv)} {how}\n{summary}")
@@ -201,7 +224,6 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
              f"the figures end when the command did (--wait-descendants to follow them to the end)")
     for fault in monitor.faults.values():  # errors (an output that failed) even with --quiet
         _say(f"nbmon: {fault.source} failed {fault.count} time(s): {fault.first_error}")
-    return 128 - code if code < 0 else code
 
 
 def _become_subreaper() -> bool:

@@ -213,7 +213,7 @@ class ResmonMagics(Magics):
             senders.check_outputs(outputs, args.force, senders.FORCE_HINT)   # refused before anything starts
         except ValueError as err:
             raise UsageError(str(err)) from None
-        outputs = {name: os.path.abspath(path) for name, path in outputs.items()}   # the kernel's cwd, not the host's
+        outputs = senders.anchored(outputs)   # the kernel's cwd, not the host's
         try:
             host = SESSION.host_for(backend)
             info = host.info()

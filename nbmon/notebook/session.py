@@ -181,7 +181,7 @@ def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = F
     Consumers of your own run in the kernel: the session then runs there
     too (``backend="thread"``), as it does when asked for by name.
     """
-    from ..sinks.senders import MONITOR, check_outputs, sinks
+    from ..sinks.senders import MONITOR, anchored, check_outputs, sinks
 
     names = {sink.name for sink in sinks(MONITOR)}
     outputs = {name: path for name, path in settings.items() if name in names and path is not None}
@@ -189,7 +189,7 @@ def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = F
     backend = settings.get("backend") or ("thread" if consumers else None)
     options = Options.of(options, **settings)   # refused before any file is made
     check_outputs(outputs, overwrite, "pass overwrite=True to replace it")
-    outputs = {name: os.path.abspath(os.fspath(path)) for name, path in outputs.items()}   # the host's cwd is /
+    outputs = anchored(outputs)   # the host's cwd is /
     host = SESSION.host_for(backend)
     host.start(options_dict(options), outputs, overwrite)
     handle = SESSION.monitor

@@ -40,6 +40,7 @@ from .faults import FaultLog
 from ..launch import spawn
 from ..options import Options
 from .sampler import STOP_GRACE_S, Sampler
+from ..sources import gpus
 from ..sources.proctree import EXCLUDED
 
 _FRAME = struct.Struct("<cI")
@@ -126,7 +127,7 @@ def helper_main(argv: list[str]) -> int:
 
 # -- the kernel side ---------------------------------------------------------
 
-HELPER_IMPORTS = ("nbmon", "numpy", "psutil", "pynvml")   # found where the kernel finds them (nbmon.launch)
+HELPER_IMPORTS = ("nbmon", "numpy", "psutil")   # and the GPU vendors', found where the kernel finds them (nbmon.launch)
 
 
 class ProcessSampler:
@@ -160,7 +161,7 @@ class ProcessSampler:
         """Start the helper and read its header; raises RuntimeError if it
         does not come up within START_TIMEOUT_S."""
         self.proc = spawn("nbmon.sampling.process:helper_main", [str(self.pid), str(os.getpid()), self.options.to_json()],
-                          HELPER_IMPORTS)
+                          HELPER_IMPORTS + gpus.imports())
         EXCLUDED.add(self.proc.pid)  # nbmon's own: no monitor of this process counts it
         try:
             fd = self.proc.stdout.fileno()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from . import files
+from .. import catalog
 from ..options import CLI, MAGIC
 from ..values import known
 
@@ -197,34 +198,48 @@ def _html_page(path: str, ended: Ended, overwrite: bool) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Sink:
-    """One kind of file nbmon writes for the user. ``name`` is its flag
-    (``--csv``, ``--summary-json``) and keyword (``nbmon.monitor(csv=...)``).
-    A stream gets every sample as it is taken: ``open(path, overwrite=)``
-    makes its sender. A report is written once, when the run has ended:
-    ``write(path, ended, overwrite)``, so only ``nbmon run``, which knows
-    the run's end, offers reports. Neither writes through a link planted at
-    the path, nor replaces a file unless told (:mod:`nbmon.sinks.files`).
-    ``offered``: the front ends that have it."""
+    """One place nbmon sends samples or a report to: a file, or anything a
+    ``target`` names (a URL). ``name`` is its flag (``--csv``,
+    ``--summary-json``) and keyword (``nbmon.monitor(csv=...)``). A stream
+    gets every sample as it is taken: ``open(target, overwrite=)`` makes its
+    sender. A report is written once, when the run has ended: ``write(target,
+    ended, overwrite)``, so only ``nbmon run``, which knows the run's end,
+    offers reports. ``check(target, overwrite, replace_hint)`` refuses a
+    target in one sentence (ValueError) before anything starts; without one
+    the target is a file's path, checked as nbmon's own files are: never
+    written through a link planted there, never replaced unless told
+    (:mod:`nbmon.sinks.files`), and removed again when the run cannot start.
+    ``offered``: the front ends that have it. A third party's sink is a
+    ``Sink`` in the entry-point group ``nbmon.sinks``."""
 
     name: str
     help: str
     open: Callable | None = None
     write: Callable[[str, Ended, bool], None] | None = None
     offered: tuple[str, ...] = (CLI, MAGIC, MONITOR)
+    target: str = "PATH"
+    check: Callable[[str, bool, str], None] | None = None
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def is_file(self) -> bool:
+        return self.check is None
 
-SINKS: dict[str, Sink] = {sink.name: sink for sink in (
+
+BUILT_IN: tuple[Sink, ...] = (
     Sink("csv", "stream every sample to this CSV file as it is taken", open=CSVSender),
     Sink("jsonl", "stream every sample to this JSON Lines file as it is taken", open=JSONLinesSender),
     Sink("summary_json", "write ResourceSummary.to_dict() here when the run has ended", write=_summary_json,
          offered=(CLI,)),
     Sink("html", "write a self-contained, offline HTML timeline here when the run has ended", write=_html_page,
          offered=(CLI,)),
-)}
+)
+SINKS: dict[str, Sink] = {sink.name: sink for sink in BUILT_IN}
+SINKS.update((sink.name, sink) for sink in catalog.plugins(catalog.SINKS_GROUP)
+             if isinstance(sink, Sink) and sink.name not in SINKS)
 
 
 def sinks(front_end: str) -> list[Sink]:
@@ -236,26 +251,33 @@ def arguments(front_end: str) -> list[tuple[tuple[str, ...], dict]]:
     """The ``add_argument(*args, **kwargs)`` calls (argparse's; IPython's
     ``magic_arguments.argument`` takes the same) of the sinks ``front_end``
     offers (``--csv PATH``, ...), and ``--force``."""
-    calls = [((sink.flag,), {"dest": sink.name, "metavar": "PATH", "help": sink.help}) for sink in sinks(front_end)]
+    calls = [((sink.flag,), {"dest": sink.name, "metavar": sink.target, "help": sink.help})
+             for sink in sinks(front_end)]
     calls.append((("--force",), {"action": "store_true", "help": "replace output files that already exist"}))
     return calls
 
 
 def outputs_given(parsed, front_end: str) -> dict[str, str]:
-    """{sink name: path} of the sink flags given in ``parsed`` (made from :func:`arguments`)."""
+    """{sink name: target} of the sink flags given in ``parsed`` (made from :func:`arguments`)."""
     return {sink.name: path for sink in sinks(front_end) if (path := getattr(parsed, sink.name, None)) is not None}
 
 
 def check_outputs(outputs: Mapping[str, str], overwrite: bool, replace_hint: str) -> None:
-    """Refuse, in one sentence (ValueError), outputs that cannot be written:
-    two in one file, a directory, an existing file without ``overwrite``
-    (``replace_hint`` says how to give it), a missing directory, one that
-    cannot be replaced or written. Nothing is left behind."""
-    paths = [os.path.abspath(p) for p in outputs.values()]
+    """Refuse, in one sentence (ValueError), outputs ({sink name: target})
+    that cannot be written: an unknown sink; for files, two in one file, a
+    directory, an existing file without ``overwrite`` (``replace_hint`` says
+    how to give it), a missing directory, one that cannot be replaced or
+    written; for other sinks, what their own ``check`` refuses. Nothing is
+    left behind."""
+    unknown = sorted(set(outputs) - set(SINKS))
+    if unknown:
+        raise ValueError(f"no such output: {', '.join(unknown)} (there are {', '.join(SINKS)})")
+    files_given = [target for name, target in outputs.items() if SINKS[name].is_file]
+    paths = [os.path.abspath(p) for p in files_given]
     if len(set(paths)) < len(paths):  # two writers would interleave in one file
-        raise ValueError(f"each output needs its own file: {', '.join(map(repr, outputs.values()))}")
-    for path in outputs.values():
-        _check_output(path, overwrite, replace_hint)
+        raise ValueError(f"each output needs its own file: {', '.join(map(repr, files_given))}")
+    for name, target in outputs.items():
+        (SINKS[name].check or _check_output)(target, overwrite, replace_hint)
 
 
 def _check_output(path: str, overwrite: bool, replace_hint: str) -> None:
@@ -291,29 +313,63 @@ def _may_remove(path: str, parent: str) -> bool:
     return not dir_st.st_mode & stat.S_ISVTX or euid in (0, st.st_uid, dir_st.st_uid)
 
 
-def open_stream(name: str, path: str, overwrite: bool):
-    """The sender of stream ``name`` writing to ``path``; ValueError in one
-    sentence when the file cannot be made."""
+def anchored(outputs: Mapping[str, str]) -> dict[str, str]:
+    """``outputs`` with every file's path made absolute here (a helper
+    process's working directory is /); other targets as given."""
+    return {name: os.path.abspath(os.fspath(target)) if SINKS[name].is_file else target
+            for name, target in outputs.items()}
+
+
+def open_stream(name: str, target: str, overwrite: bool):
+    """The sender of stream ``name`` writing to ``target``; ValueError in
+    one sentence when it cannot be made."""
     try:
-        return SINKS[name].open(path, overwrite=overwrite)
+        return SINKS[name].open(target, overwrite=overwrite)
     except OSError as err:
-        raise ValueError(f"cannot write {path!r}: {err.strerror or err}") from None
+        raise ValueError(f"cannot write {target!r}: {err.strerror or err}") from None
 
 
-def open_streams(outputs: Mapping[str, str], overwrite: bool, replace_hint: str) -> list:
-    """The senders of the streams ``outputs`` names ({sink name: path}),
-    checked first (:func:`check_outputs`); on any refusal (ValueError, one
-    sentence) none is left open and no file made."""
-    check_outputs(outputs, overwrite, replace_hint)
-    new = {path for path in outputs.values() if not os.path.lexists(path)}
-    opened = []
-    try:
-        for name, path in outputs.items():
-            opened.append(open_stream(name, path, overwrite))
-    except BaseException:
-        for sender in opened:
+def open_sink(name: str, target: str, *, overwrite: bool = False):
+    """The sender of stream sink ``name`` (nbmon's or a plugin's) to
+    ``target``, checked as every front end checks it; for the seed APIs and
+    ``Monitor(consumers=...)``, e.g. ``SystemMonitor(pid, open_sink("csv",
+    "stats.csv"))``. ValueError, in one sentence, when it cannot be made."""
+    sink = SINKS.get(name)
+    if sink is None or sink.open is None:
+        streams = ", ".join(s.name for s in SINKS.values() if s.open is not None)
+        raise ValueError(f"{name!r} is not a sink that takes samples (there are {streams})")
+    return open_streams({name: target}, overwrite, "pass overwrite=True to replace it")[0]
+
+
+class Streams(list):
+    """The senders of one run's streams, and the files they made: if the run
+    cannot start, :meth:`discard` closes them all and removes those files."""
+
+    def __init__(self, outputs: Mapping[str, str]):
+        super().__init__()
+        self.new = [target for name, target in outputs.items()
+                    if SINKS[name].is_file and not os.path.lexists(target)]
+
+    def discard(self) -> None:
+        for sender in self:
             sender.close()
-            if sender.path in new:
-                os.unlink(sender.path)
+        for path in self.new:
+            if os.path.lexists(path):
+                os.unlink(path)
+        self.clear()
+
+
+def open_streams(outputs: Mapping[str, str], overwrite: bool, replace_hint: str) -> Streams:
+    """The senders of the streams ``outputs`` names ({sink name: target};
+    reports are left out), checked first (:func:`check_outputs`); on any
+    refusal (ValueError, one sentence) none is left open and no file made."""
+    check_outputs(outputs, overwrite, replace_hint)
+    outputs = {name: target for name, target in outputs.items() if SINKS[name].open is not None}
+    opened = Streams(outputs)
+    try:
+        for name, target in outputs.items():
+            opened.append(open_stream(name, target, overwrite))
+    except BaseException:
+        opened.discard()
         raise
     return opened

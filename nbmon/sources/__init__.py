@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from .. import catalog
 from ..options import Options
 from .cgroup import Cgroup
 from .machine import Machine
@@ -47,6 +48,8 @@ class Sources:
             self.all += [Machine(), Cgroup(pid)]
         if self.gpus is not None:
             self.all.append(self.gpus)
+        # A third party's metrics: each plugin's source reads its own (catalog.METRICS_GROUP).
+        self.all += [plugin.source(pid, options) for plugin in catalog.plugins(catalog.METRICS_GROUP)]
 
     def info(self) -> dict:
         """What the run could measure, once started: how peaks are read

@@ -334,6 +334,7 @@ class ProcessTree:
         cpu_percent = shown_s / dt * 100.0 if dt > 0 else NAN
         self._last_t, self._last_cpu_s = now, cpu_s
         return {
+            **dict.fromkeys(self.fields, NAN),   # what a backend cannot read (a newer metric) is unknown alone
             "proc_cpu_percent": cpu_percent,
             "proc_cpu_norm_percent": cpu_percent / self.cpus,
             "proc_cpu_time_s": cpu_s - self._start_cpu_s,

@@ -121,9 +121,7 @@ class PsutilBackend:
 
     def memory(self) -> dict[str, float]:
         rss = sum(v.rss_bytes for v in self.values.values()) / MIB
-        return {"proc_pss_mb": rss, "proc_pss_peak_mb": rss, "proc_pss_peak_bound_mb": NAN,
-                "proc_rss_mb": rss, "proc_rss_peak_mb": rss,
-                "proc_rss_anon_mb": NAN, "proc_rss_file_mb": NAN, "proc_rss_shmem_mb": NAN,
+        return {"proc_pss_mb": rss, "proc_pss_peak_mb": rss, "proc_rss_mb": rss, "proc_rss_peak_mb": rss,
                 "proc_threads": sum(v.threads for v in self.values.values()),
                 "proc_count": float(len(self.values))}
 

@@ -4,10 +4,13 @@ What is the same for every vendor lives here: the catalog's totals over the
 devices (``gpu_mem_used_mb`` is their sum, ``gpu_util_percent`` their
 mean), one column per device and metric (``gpu<i>_<metric>``), which
 devices a process may use (a visible-devices variable, the CUDA rule), and
-query failures turned into faults the user sees. A vendor is one module of
-this package listed in :data:`VENDORS` (NVIDIA: :mod:`.nvml`), with:
+query failures turned into faults the user sees. A vendor is a module
+(NVIDIA: :mod:`.nvml`; a third party's: an entry point in ``nbmon.gpus``,
+:data:`VENDORS`), with:
 
-- ``NAME`` (for humans), ``VISIBLE`` (its visible-devices variable);
+- ``NAME`` (for humans), ``VISIBLE`` (its visible-devices variable),
+  ``IMPORTS`` (the modules it imports when asked, which nbmon's helper
+  processes must find);
 - ``discover() -> (count, why)``: initialise; how many devices, or why none;
 - ``uuid(index) -> str`` and ``device(index)``: a device, with ``index``,
   ``lost``, ``read(pids) -> {DEVICE metric: float}`` (NaN where unknown),
@@ -26,7 +29,12 @@ from ... import catalog
 from . import nvml
 from ...values import NAN
 
-VENDORS = (nvml,)
+VENDORS = (nvml, *catalog.plugins(catalog.GPUS_GROUP))
+
+
+def imports() -> tuple[str, ...]:
+    """What every vendor imports (``IMPORTS``)."""
+    return tuple(name for vendor in VENDORS for name in getattr(vendor, "IMPORTS", ()))
 
 
 def visible_indices(count: int, uuid, spec: str | None) -> list[int]:
@@ -114,7 +122,8 @@ class GPUs:
         if not self.devices:
             return {}
         pids = frozenset(self.tree_pids())
-        per_device = [d.read(pids) for d in self.devices]
+        unknown = dict.fromkeys(catalog.names(catalog.DEVICE), NAN)   # what a vendor does not read
+        per_device = [{**unknown, **d.read(pids)} for d in self.devices]
         out = {}
         for total in self._totals:
             known = [v[total.of] for v in per_device if v[total.of] == v[total.of]]

@@ -196,6 +196,7 @@ class Device:
 
 NAME = "NVIDIA"
 VISIBLE = "CUDA_VISIBLE_DEVICES"
+IMPORTS = ("pynvml",)
 MAX_ERRORS = 64
 
 
