@@ -32,7 +32,7 @@ from nbmon.options import Options  # noqa: E402
 from nbmon.sampling.sampler import Sampler  # noqa: E402
 from nbmon.sources import Sources  # noqa: E402
 from nbmon.sources.procfs import BUDGET, fd_budget  # noqa: E402
-from nbmon.sources.proctree import ProcessTree  # noqa: E402
+from nbmon.sources.tree import ProcessTree  # noqa: E402
 from nbmon.sampling.store import Store  # noqa: E402
 from nbmon.report.summary import summarize  # noqa: E402
 import results_file  # noqa: E402  (benchmarks/, the script's own folder)
@@ -356,7 +356,7 @@ def fds_held(children: int, exact: bool, limit: int) -> dict:
 WALKED = """
 import mmap, os, sys, time
 import numpy as np
-from nbmon.sources.proctree import ProcessTree
+from nbmon.sources.tree import ProcessTree
 size = 1 << 30
 if sys.argv[1] == "4k":
     buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

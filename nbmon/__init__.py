@@ -31,7 +31,7 @@ _LAZY = {
     "JSONLinesSender": "sinks.senders",
     "CallbackSender": "sinks.senders",
     "open_sink": "sinks.senders",
-    "NVMLProfiler": "sources.gpus.nvml",
+    "NVMLProfiler": "compat.calibrax",
     "monitor": "notebook.session",
     "history": "notebook.session",
     "samples": "notebook.session",

@@ -24,7 +24,7 @@ from .options import Options, check_pid
 from .sampling.sampler import STOP_GRACE_S, Sampler, Sampling
 from .sources import Sources
 from .sources.machine import Machine
-from .sources.proctree import ProcessTree
+from .sources.tree import ProcessTree
 from .sampling.store import Store, Window
 from .report.summary import ResourceSummary, summarize
 

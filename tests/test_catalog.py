@@ -17,7 +17,7 @@ from nbmon.sinks.senders import CSVSender
 from nbmon.sources.gpus import nvml
 from nbmon.sources.gpus import GPUs
 from nbmon.sources.machine import Machine
-from nbmon.sources.proctree import ProcessTree
+from nbmon.sources.tree import ProcessTree
 
 KINDS = {catalog.GAUGE, catalog.COUNTER, catalog.RATE}
 SUMMARIES = {catalog.PEAK, catalog.MEAN, catalog.LAST, catalog.DELTA}

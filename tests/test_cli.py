@@ -112,7 +112,7 @@ def test_no_sample_of_the_empty_tree_after_the_command_exits(tmp_path):
     count = [float(r[header.index("proc_count")]) for r in rows]
     assert min(count) >= 1, count
     # The last row may (rarely) catch the command mid-exit, its memory already
-    # released: reported against nbmon/proctree.py, not asserted here.
+    # released: reported against nbmon/sources/tree/, not asserted here.
     assert min(rss[:-1]) > 0 and max(rss) > 20, rss
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["memory_growth_mb"] == pytest.approx(rss[-1] - rss[0])

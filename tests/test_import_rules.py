@@ -16,7 +16,7 @@ PACKAGE = Path(nbmon.__file__).parent
 
 
 def dotted(path: Path) -> str:
-    """'sources.proctree' for nbmon/sources/proctree.py, 'sources' for its __init__.py."""
+    """'sources.tree.linux' for nbmon/sources/tree/linux.py, 'sources' for its __init__.py."""
     parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -29,8 +29,9 @@ MODULES = sorted(dotted(p) for p in PACKAGE.rglob("*.py"))
 # layers. A module may import only modules listed before it.
 LAYERS = (
     "values", "catalog", "options", "format", "private", "launch",
-    "sources.procfs", "sources.memory", "sources.pstree", "sources.peaks", "sources.cgroup",
-    "sources.proctree", "sources.machine",
+    "sources.procfs", "sources.cgroup",
+    "sources.tree.memory", "sources.tree.pstree", "sources.tree.peaks", "sources.tree.linux", "sources.tree",
+    "sources.machine",
     "sources.gpus.nvml", "sources.gpus", "sources",
     "sampling.faults", "sampling.sampler", "sampling.process", "sampling.store", "sampling",
     "report.render", "report.summary", "report.records", "report",
@@ -109,7 +110,7 @@ def path_of(module: str) -> Path:
 
 
 def imports_of(module: str, source: str | None = None) -> list[Import]:
-    """Every import in nbmon's ``module`` (dotted, e.g. 'sources.proctree')
+    """Every import in nbmon's ``module`` (dotted, e.g. 'sources.tree.linux')
     with its absolute target ('nbmon.x.y' for the package's own modules),
     and whether it sits inside a function."""
     if source is None:
@@ -179,7 +180,7 @@ def test_the_checker_sees_imports():
     assert {"nbmon.sources", "nbmon.sampling.sampler", "nbmon.sampling.store", "threading"} <= targets
     assert any(i.target == "pynvml" and i.in_function for i in ALL_IMPORTS["sources.gpus.nvml"])
     assert any(i.target == "nbmon.notebook.magics" and i.in_function for i in ALL_IMPORTS["__init__"])
-    assert "nbmon.catalog" in {i.target for i in ALL_IMPORTS["sources.proctree"]}
+    assert "nbmon.catalog" in {i.target for i in ALL_IMPORTS["sources.tree"]}
 
 
 def own_module(target: str) -> str | None:

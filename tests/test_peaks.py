@@ -11,7 +11,7 @@ import time
 
 from helpers import wait_until
 from nbmon.private import pid_started
-from nbmon.sources.peaks import PeakMark
+from nbmon.sources.tree.peaks import PeakMark
 
 MIB_KB = 1024
 
@@ -59,7 +59,7 @@ def test_a_reader_joining_later_does_not_inherit_an_older_peak():
 READER = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[2])
-from nbmon.sources.peaks import PeakMark
+from nbmon.sources.tree.peaks import PeakMark
 mark = PeakMark(int(sys.argv[1]))
 print(json.dumps({"open": mark.open()}), flush=True)
 peak = 0.0
@@ -163,7 +163,7 @@ def test_a_spike_is_taken_once_even_after_a_thread_saw_it_exit():
 BEYOND_THE_BUDGET = r"""
 import json, os, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (80, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-from nbmon.sources.peaks import PeakMark
+from nbmon.sources.tree.peaks import PeakMark
 from nbmon.sources.procfs import BUDGET, fd_budget
 def fds():
     return len(os.listdir("/proc/self/fd"))

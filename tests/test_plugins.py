@@ -128,7 +128,7 @@ PLUGIN = {
         from nbmon.catalog import GAUGE, PEAK, Metric, Shown
 
         METRICS = (Metric("proc_open_fds", "", "open file descriptors, watched process", GAUGE, PEAK,
-                          "fds", record=(Shown("Open fds, most", 85),)),)
+                          "fds", record=(Shown("Open fds, most", 85),), wandb=("proc.fds", PEAK)),)
 
 
         class OpenFds:
@@ -279,6 +279,7 @@ def test_nbmon_monitor_and_system_monitor_take_the_plugin(env, collector):
     published = [e for e in collector.events if "cpu" in e and "proc_open_fds" not in e]
     assert samples and most(samples, "proc_open_fds") > 0
     assert published and published[-1]["gpu.0.temp"] == 55   # scaffold's keys, the fake vendor's device
+    assert list(published[-1])[-1] == "proc.fds" and published[-1]["proc.fds"] > 0   # the plugin's, after them
 
 
 def test_a_broken_plugin_costs_one_line(env, tmp_path):

@@ -20,7 +20,7 @@ import pytest
 
 from helpers import DEADLINE_S, burn_cpu, fd_count, free_pid, in_forked_child, wait_until
 from nbmon import catalog
-from nbmon.sources.proctree import ProcessTree
+from nbmon.sources.tree import ProcessTree
 
 MIB = 1024 * 1024
 BACKENDS = [pytest.param(True, id="proc"), pytest.param(False, id="psutil")]

@@ -35,7 +35,7 @@ from helpers import (DEADLINE_S, StubSource, disk_full_run, figure, in_forked_ch
 from nbmon import catalog
 from nbmon.sinks.consumers import SampleForwarder
 from nbmon.engine import Monitor
-from nbmon.sources.proctree import ProcessTree
+from nbmon.sources.tree import ProcessTree
 from nbmon.sinks.senders import CallbackSender, CSVSender, JSONLinesSender
 
 FIELDS = catalog.names(catalog.TREE)

@@ -236,5 +236,5 @@ def test_child_that_exits_leaves_no_empty_tree_sample(sender, child, reaped):
     _, _, cols = sm.monitor.store.series(["proc_rss_mb", "proc_count"])
     assert cols["proc_count"].min() >= 1
     # The last sample may (rarely) catch the child mid-exit with its memory
-    # already released: reported against nbmon/proctree.py, not asserted here.
+    # already released: reported against nbmon/sources/tree/, not asserted here.
     assert cols["proc_rss_mb"][:-1].min() > 0

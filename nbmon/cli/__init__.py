@@ -37,7 +37,8 @@ from ..private import fallback_note
 from ..sinks.senders import FORCE_HINT, SINKS, Ended, check_outputs, open_streams, outputs_given
 from ..sinks.senders import arguments as sink_arguments
 from ..sources.cgroup import OwnGroup
-from ..sources.proctree import EXCLUDED, all_thread_child_pids
+from ..launch import EXCLUDED
+from ..sources.tree.linux import all_thread_child_pids
 from ..values import NAN, known
 from ..report.summary import ResourceSummary
 

@@ -17,6 +17,7 @@ writes calibrax's keys); ``monitor.summary()`` has all of nbmon's.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import threading
 import time
 from typing import Protocol, runtime_checkable
@@ -26,6 +27,7 @@ import psutil
 from ..engine import Monitor
 from ..options import check_interval
 from ..report.summary import ResourceSample, ResourceSummary
+from ..sources.gpus import nvml
 from ..values import NAN, known, reading
 
 __all__ = ["GPUProfilerProtocol", "ResourceMonitor", "ResourceSample", "ResourceSummary"]
@@ -210,3 +212,46 @@ class ResourceMonitor:
     def summary(self) -> ResourceSummary:
         """Compute aggregated summary from collected samples (zeroed if none)."""
         return dataclasses.replace(self._monitor.summary(), **dict.fromkeys(_NBMON_FIELDS))
+
+
+class NVMLProfiler:
+    """calibrax's GPUProfilerProtocol over NVML for one device.
+
+    Each method answers for ``device_index``; a field NVML cannot give is
+    NaN. Raises RuntimeError at construction when NVML has no such device.
+    """
+
+    def __init__(self, device_index: int = 0):
+        # A bool or str would pass (or break) the range check below with an unclear error.
+        # numbers.Integral: a numpy integer (np.arange, an array element) is a whole number too.
+        if isinstance(device_index, bool) or not isinstance(device_index, numbers.Integral):
+            raise ValueError(f"device_index must be a whole number, got {device_index!r}")
+        device_index = int(device_index)
+        count = nvml.device_count()
+        if not count:
+            raise RuntimeError(f"no NVIDIA GPU is usable: {nvml.status()}")
+        if not 0 <= device_index < count:
+            raise ValueError(f"device_index {device_index!r} is out of range: NVML sees {count} device(s)")
+        try:
+            self._device = nvml.device(device_index)
+        except OSError as err:
+            raise RuntimeError(f"NVIDIA GPU {device_index} cannot be read: {err}") from None
+
+    def _get(self, query: str, metric: str) -> float:
+        return self._device.query(query).get(metric, NAN)
+
+    def get_utilization(self) -> float:
+        return self._get("utilization", "util_percent")
+
+    def get_memory_usage(self) -> dict[str, float]:
+        memory = self._device.query("memory")
+        return {"gpu_memory_used_mb": memory.get("mem_used_mb", NAN),
+                "gpu_memory_total_mb": memory.get("mem_total_mb", NAN)}
+
+    def get_clock_info(self) -> dict[str, float]:
+        return {"gpu_clock_mhz": self._get("sm_clock", "sm_clock_mhz"),
+                "mem_clock_mhz": self._get("mem_clock", "mem_clock_mhz")}
+
+    def get_power_info(self) -> dict[str, float]:
+        return {"power_draw_w": self._get("power", "power_w"),
+                "power_limit_w": self._get("power_limit", "power_limit_w")}

@@ -29,7 +29,7 @@ from .. import catalog
 from ..engine import Monitor
 from ..options import check_interval, check_pid
 from ..sources import gpus
-from ..sources.proctree import ProcessTree
+from ..sources.tree import ProcessTree
 from ..values import NAN
 from .calibrax import ThreadView
 
@@ -54,6 +54,10 @@ _PERCENTS = {"proc.memory.percent": ("proc_rss_mb", "sys_mem_total_mb"),
              "gpu.{i}.powerPercent": ("power_w", "power_limit_w")}
 # Published as ints, as scaffold does (NVML and psutil give ints for these).
 _WHOLE = frozenset({"proc.cpu.threads", "gpu.{i}.gpu", "gpu.{i}.memory", "gpu.{i}.temp"})
+# The tables above are scaffold's contract (its keys, order, types); the
+# figures are the catalog's ``wandb`` metrics, and one scaffold does not
+# have (a plugin's, say) follows its keys.
+_SCAFFOLDS = frozenset(_KEYS) | {key for group in _GPU_GROUPS for key in group}
 
 
 class AbstractBackendSender(abc.ABC):
@@ -89,12 +93,16 @@ def _stats_dict(stats, gpu_count: int, tree: bool, network: dict | None) -> Stat
             if all(device[key] == device[key] for key in group):
                 for key in group:
                     put(key.format(i=i), key, device[key])
+        for key in [k for k in device if k not in _SCAFFOLDS and "{i}" in k]:
+            put(key.format(i=i), key, device[key])
     own = _figures(stats, lambda m: m.name)
     for key in _KEYS:
         if key != "network":
             put(key, key, own[key])
         elif network is not None:
             out[key] = network
+    for key in [k for k in own if k not in _SCAFFOLDS and "{i}" not in k]:
+        put(key, key, own[key])
     if tree:
         whole = _figures(stats, lambda m: TREE_PREFIX + m.name if m.source == catalog.TREE else m.name)
         for key in _PROC_KEYS:

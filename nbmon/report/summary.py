@@ -49,7 +49,7 @@ class ResourceSummary:
 
     nbmon's headline memory is the tree's ``peak_mem_mb`` / ``mean_mem_mb``
     / ``mem_growth_mb``: its PSS, shared pages counted once
-    (nbmon.sources.proctree). ``peak_mem_kind`` says what its peak is:
+    (nbmon.sources.tree). ``peak_mem_kind`` says what its peak is:
     "exact" (one process, its high-water mark rose in the period or it could
     not have grown between samples), "upper bound" (several processes, each
     one's own peak known, but they need not have coincided) or "sampled" (a

@@ -37,11 +37,10 @@ import time
 import numpy as np
 
 from .faults import FaultLog
-from ..launch import spawn
+from ..launch import EXCLUDED, spawn
 from ..options import Options
 from .sampler import STOP_GRACE_S, Sampler
 from ..sources import gpus
-from ..sources.proctree import EXCLUDED
 
 _FRAME = struct.Struct("<cI")
 START_TIMEOUT_S = 5.0

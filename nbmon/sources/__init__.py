@@ -12,7 +12,7 @@ from ..options import Options
 from .cgroup import Cgroup
 from .machine import Machine
 from .gpus import GPUs
-from .proctree import ProcessTree
+from .tree import ProcessTree
 
 
 @runtime_checkable

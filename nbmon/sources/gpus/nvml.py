@@ -1,6 +1,7 @@
 """NVIDIA GPUs through NVML (the ``pynvml`` module of nvidia-ml-py): one
-vendor of :mod:`nbmon.sources.gpus` (``NAME``, ``VISIBLE``, ``discover``,
-``uuid``, ``device``, ``status``), and calibrax's NVMLProfiler.
+vendor of :mod:`nbmon.sources.gpus` (``NAME``, ``VISIBLE``, ``IMPORTS``,
+``discover``, ``uuid``, ``device``, ``status``); calibrax's NVMLProfiler
+reads its devices (:mod:`nbmon.compat.calibrax`).
 
 The only module of nbmon that imports pynvml. NVML is initialised lazily,
 once per process id (a forked child initialises again), and :func:`status`
@@ -14,7 +15,6 @@ pynvml looks (``libnvidia-ml.so.1`` on the loader path).
 """
 from __future__ import annotations
 
-import numbers
 import os
 import threading
 
@@ -223,45 +223,3 @@ def device(index: int) -> Device:
         return Device(pynvml, index)
     except pynvml.NVMLError as err:
         raise OSError(_reason(pynvml, err)) from None
-
-
-class NVMLProfiler:
-    """calibrax's GPUProfilerProtocol over NVML for one device.
-
-    Each method answers for ``device_index``; a field NVML cannot give is
-    NaN. Raises RuntimeError at construction when NVML has no such device.
-    """
-
-    def __init__(self, device_index: int = 0):
-        # A bool or str would pass (or break) the range check below with an unclear error.
-        # numbers.Integral: a numpy integer (np.arange, an array element) is a whole number too.
-        if isinstance(device_index, bool) or not isinstance(device_index, numbers.Integral):
-            raise ValueError(f"device_index must be a whole number, got {device_index!r}")
-        device_index = int(device_index)
-        if not init():
-            raise RuntimeError(f"no NVIDIA GPU is usable: {status()}")
-        if not 0 <= device_index < _device_count:
-            raise ValueError(f"device_index {device_index!r} is out of range: "
-                             f"NVML sees {_device_count} device(s)")
-        import pynvml
-
-        self._device = Device(pynvml, device_index)
-
-    def _get(self, query: str, metric: str) -> float:
-        return self._device.query(query).get(metric, NAN)
-
-    def get_utilization(self) -> float:
-        return self._get("utilization", "util_percent")
-
-    def get_memory_usage(self) -> dict[str, float]:
-        memory = self._device.query("memory")
-        return {"gpu_memory_used_mb": memory.get("mem_used_mb", NAN),
-                "gpu_memory_total_mb": memory.get("mem_total_mb", NAN)}
-
-    def get_clock_info(self) -> dict[str, float]:
-        return {"gpu_clock_mhz": self._get("sm_clock", "sm_clock_mhz"),
-                "mem_clock_mhz": self._get("mem_clock", "mem_clock_mhz")}
-
-    def get_power_info(self) -> dict[str, float]:
-        return {"power_draw_w": self._get("power", "power_w"),
-                "power_limit_w": self._get("power_limit", "power_limit_w")}

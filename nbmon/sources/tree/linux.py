@@ -1,48 +1,23 @@
-"""CPU, memory, threads and I/O of a process and all its descendants.
-
-On Linux the tree is read straight from /proc; elsewhere (and when /proc is
-unusable) through psutil. Every figure is a float, NaN where unknown. Units
-are in the field names.
-
-Memory (shared pages counted once) and peaks without side effects: see
-:mod:`.memory`.
-
-**Finding children.** A new process anywhere makes the last pid in
-``/proc/loadavg`` change: only then are the children of every thread of
-the tree's processes that ran listed (and on the 1 s cadence regardless),
-so a child of any thread is found at the next sample, for one small read
-when nothing forked.
-
-**Descriptors.** A process's ``stat`` and ``status`` are kept open while
-the fd budget of :mod:`.procfs` lasts (64, or 5 % of ``RLIMIT_NOFILE``),
-and read by path beyond it (its start time checked, so a reused pid is not
-mistaken for it); so are the exact peaks' files (:mod:`.peaks`). A read
-that fails for want of descriptors keeps the process and counts a fault,
-never drops it from the tree; a child that could not be listed or read
-then is looked for again at the next sample.
-"""
+"""The process tree read straight from /proc (Linux): one :class:`Proc`
+per process, and :class:`ProcBackend`, which finds the tree's processes,
+reads them within the fd budget and forgets those that exit. Its figures
+become the tree's in :class:`~nbmon.sources.tree.ProcessTree`."""
 from __future__ import annotations
 
 import errno
-import math
 import os
 import resource
-import sys
 import threading
 import time
 
-from .. import catalog
-from ..options import SLOW_EVERY_S
-from ..private import pid_started
-from ..values import NAN
-from .cgroup import cgroup_dirs, cpu_limit
+from ...private import pid_started
+from ...values import NAN
+from ..procfs import CHILDREN_SIZE, EXCLUDED, GONE, ProcFile, read_path, read_path_released
 from .memory import (FAULT_KB_PER_S, SHARED_MOVE_MB, UNMAP_SLACK_KB, WALK_NOW_KB, Interval, Status, Walker, parse_status,
                      rollup_kb, take)
 from .peaks import PeakMark
-from .procfs import CHILDREN_SIZE, EXCLUDED, GONE, ProcFile, read_path, read_path_released
-from .pstree import PsutilBackend
 
-_LOGICAL_CPUS = os.cpu_count() or 1
+LOGICAL_CPUS = os.cpu_count() or 1
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 # Less CPU than this used by the monitored process's other threads since the
@@ -63,18 +38,18 @@ def _own_children_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _affinity(pid: int) -> frozenset:
+def affinity(pid: int) -> frozenset:
     try:
         return frozenset(os.sched_getaffinity(pid))
     except (OSError, AttributeError):  # gone, or no affinity API (macOS)
-        return frozenset(range(_LOGICAL_CPUS))
+        return frozenset(range(LOGICAL_CPUS))
 
 
-def _capped(cpus: float, quota: float) -> float:
+def capped(cpus: float, quota: float) -> float:
     return min(cpus, quota) if quota == quota else cpus
 
 
-class _Proc:
+class Proc:
     """One process of the tree: its /proc files and what was last read of it."""
 
     __slots__ = ("pid", "parent", "started", "code", "clock", "stat", "status", "mark",
@@ -208,157 +183,14 @@ def all_thread_child_pids(pid: int) -> list[int]:
     return pids
 
 
-class ProcessTree:
-    """Samples a process and, unless ``children=False``, all its descendants.
-
-    Call :meth:`start` first: it primes the CPU baseline so that the first
-    :meth:`sample` already gives a true CPU % (psutil's first
-    ``cpu_percent()`` returns a meaningless 0.0; this one does not).
-
-    CPU time counts every process of the tree, including time a child used
-    before it was discovered and children that already exited and were
-    reaped by a tree member (the kernel moves their time into the parent's
-    cutime/cstime, read every sample for a member that ran). A process
-    found late adds its earlier CPU time to ``proc_cpu_time_s`` but shows in
-    the CPU % only at the rate it really ran since it started. A CPU % is
-    never more than the processes could use: each process's rate is capped
-    at its own CPUs (affinity, cgroup quota) and the tree's at the CPUs of
-    the processes that ran, any excess carried to the next intervals. CPU %
-    is of one CPU (100 = one core); ``proc_cpu_norm_percent`` is of the CPUs
-    the root may use.
-
-    Memory: see the module's docstring. ``exact_peaks=True`` resets the
-    kernel's high-water marks (:mod:`.peaks`) so that every interval's peak
-    of every process is exact, at the price of changing what other tools
-    read (VmHWM, ``ru_maxrss``); ``peaks`` says what the run could do:
-    "reset", "high-water marks" or "sampled".
-
-    ``adopt=True`` (for ``nbmon run``, which makes itself the subreaper of
-    what it starts) counts this process's other children too: processes the
-    command orphaned, which the kernel hands to us instead of init.
-    """
-
-    name = "process tree"
-    caller_safe = True  # reads /proc and /sys only: cannot get stuck
-
-    def __init__(self, pid: int | None = None, *, children: bool = True,
-                 exact_peaks: bool = False, slow_every_s: float = SLOW_EVERY_S,
-                 use_proc: bool | None = None, adopt: bool = False):
-        self.pid = os.getpid() if pid is None else int(pid)
-        self.fields = catalog.names(catalog.TREE)
-        self.children = children
-        self.adopt = adopt
-        self.slow_every_s = slow_every_s
-        if use_proc is None:
-            use_proc = sys.platform.startswith("linux") and os.path.exists(f"/proc/{self.pid}/stat")
-        self._backend = _ProcBackend(self) if use_proc else PsutilBackend(self)
-        self._want_reset = exact_peaks and use_proc
-        self.peaks = "sampled"
-        self.gone = 0            # processes of the tree that disappeared since start()
-        self.cpus = float(_LOGICAL_CPUS)
-        self.quota = NAN         # the cgroup's CPU quota, in CPUs
-        self._cgroup: dict[str, str] = {}
-        self._last_t = NAN
-        self._last_cpu_s = NAN
-        self._start_cpu_s = NAN
-        self._cpu_carry_s = 0.0  # CPU counted but not yet shown in a CPU %
-        self._last_slow_t = -math.inf
-
-    @property
-    def backend(self) -> str:
-        return self._backend.name
-
-    @property
-    def pids(self) -> tuple[int, ...]:
-        return self._backend.pids()
-
-    @property
-    def root_alive(self) -> bool:
-        return self._backend.root_alive
-
-    @property
-    def alive(self) -> bool:
-        """The root lives, or (adopting) any process of the tree does."""
-        return self._backend.root_alive or (self.adopt and bool(self._backend.pids()))
-
-    def drain_faults(self) -> list[str]:
-        """Reads that failed for reasons other than a process exiting (EMFILE,
-        say) since the last call, in words (the sampler counts them): the
-        processes stay in the tree, their figures as last read."""
-        errors, self._backend.errors = self._backend.errors, []
-        return errors
-
-    def start(self, now: float | None = None) -> None:
-        """Open the tree and prime the CPU baseline. Raises ProcessLookupError
-        if the pid does not exist."""
-        now = time.monotonic() if now is None else now
-        self._backend.open()
-        self.peaks = self._backend.peak_mode(self._want_reset)
-        self._cgroup = cgroup_dirs(self.pid)
-        self._refresh_limits()
-        cpu_s, _ = self._backend.refresh(now, 0.0, slow=True)
-        self._backend.settle()
-        self._last_t = self._last_slow_t = now
-        self._last_cpu_s = self._start_cpu_s = cpu_s
-        self._cpu_carry_s = 0.0
-
-    def _refresh_limits(self) -> None:
-        self.quota = cpu_limit(self._cgroup)
-        self.cpus = _capped(float(len(_affinity(self.pid))), self.quota)
-
-    def boundary(self) -> None:
-        """Make the next sample a full one (every process's memory, threads,
-        I/O, a full walk for children), so that a span starting or ending
-        there has them of its own."""
-        self._last_slow_t = -math.inf
-
-    def sample(self, now: float) -> dict[str, float]:
-        b = self._backend
-        slow = now - self._last_slow_t >= self.slow_every_s
-        if slow:
-            self._last_slow_t = now
-            self._refresh_limits()
-        dt = now - self._last_t
-        cpu_s, shown_s = b.refresh(now, dt, slow=slow)
-        # Never backwards: a child's CPU is read in ns while it lives, but once
-        # reaped it moves into its parent's cutime in whole 10 ms ticks, so the
-        # total can dip by up to a tick (below 0 early in a run, which the
-        # sampler rejects as a fault). The dip is made up when the tick comes.
-        cpu_s = max(cpu_s, self._last_cpu_s)
-        # The processes' own capped rates, capped again at the CPUs of those
-        # that ran (and the container's quota); any excess is carried.
-        used_s = shown_s + self._cpu_carry_s
-        cap_s = dt * _capped(b.busy_cpus(), self.quota) if dt > 0 else 0.0
-        shown_s = min(max(used_s, 0.0), cap_s)
-        self._cpu_carry_s = max(used_s - shown_s, 0.0)
-        cpu_percent = shown_s / dt * 100.0 if dt > 0 else NAN
-        self._last_t, self._last_cpu_s = now, cpu_s
-        return {
-            **dict.fromkeys(self.fields, NAN),   # what a backend cannot read (a newer metric) is unknown alone
-            "proc_cpu_percent": cpu_percent,
-            "proc_cpu_norm_percent": cpu_percent / self.cpus,
-            "proc_cpu_time_s": cpu_s - self._start_cpu_s,
-            **b.memory(),
-            "proc_read_bytes": b.io_total("read_bytes") if slow else NAN,
-            "proc_write_bytes": b.io_total("write_bytes") if slow else NAN,
-        }
-
-    def close(self) -> None:
-        self._backend.close()
-
-    def abandon(self) -> None:
-        """In a forked child: drop the fds, leave the shared peak marks to the parent."""
-        self._backend.abandon()
-
-
-class _ProcBackend:
+class ProcBackend:
     """Linux: /proc read directly (see the module's docstring)."""
 
     name = "proc"
 
-    def __init__(self, tree: ProcessTree):
+    def __init__(self, tree):   # the ProcessTree it reads for
         self.tree = tree
-        self.procs: dict[int, _Proc] = {}
+        self.procs: dict[int, Proc] = {}
         self.retained_cpu_s = 0.0   # CPU of gone processes that no tree member reaped
         self.root_alive = False
         self.root_is_self = tree.pid == os.getpid()
@@ -400,12 +232,12 @@ class _ProcBackend:
         except OSError:
             self._meminfo = None
 
-    def _new(self, pid: int, parent: int | None) -> _Proc:
+    def _new(self, pid: int, parent: int | None) -> Proc:
         """A process's files opened and its stat read; closed again on failure."""
-        proc = _Proc(pid, parent, keep=True)
+        proc = Proc(pid, parent, keep=True)
         try:
             proc.read_stat()
-            proc.cpus = _affinity(pid)
+            proc.cpus = affinity(pid)
         except BaseException:
             proc.close()
             raise
@@ -432,7 +264,7 @@ class _ProcBackend:
         boot_s = time.clock_gettime(time.CLOCK_BOOTTIME)
         root_pid = self.tree.pid
         adjust_start_kb = self.orphan_share_kb - self.unproven_kb
-        gone: list[_Proc] = []
+        gone: list[Proc] = []
         interval = Interval()
         shown_s = 0.0
         reader_s = None
@@ -485,7 +317,7 @@ class _ProcBackend:
         total = self.retained_cpu_s + sum(p.own_s + p.children_s for p in self.procs.values())
         return total, shown_s
 
-    def _discount_reader(self, root: _Proc, reader_s: float) -> None:
+    def _discount_reader(self, root: Proc, reader_s: float) -> None:
         """This process ran, memory-wise, if a thread other than nbmon's
         reading one ran: nbmon's sampler runs no user code, so it cannot have
         made a spike between two samples (any other thread can). Its CPU
@@ -498,7 +330,7 @@ class _ProcBackend:
             root.ran_s = max(others_s, 0.0) if root.ran else 0.0
         self._reader, self._reader_s = thread.ident, reader_s
 
-    def _read_cpu(self, proc: _Proc, interval: Interval, root_pid: int) -> None:
+    def _read_cpu(self, proc: Proc, interval: Interval, root_pid: int) -> None:
         """Children's CPU of a process that ran (only a process that runs can
         reap), and whether it reaped a child nbmon never saw."""
         if proc.pid == root_pid and self.root_is_self:
@@ -524,7 +356,7 @@ class _ProcBackend:
         what any of them held, at most what a new one can have held."""
         return float(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 
-    def _read_memory(self, proc: _Proc, interval: Interval, slow: bool) -> None:
+    def _read_memory(self, proc: Proc, interval: Interval, slow: bool) -> None:
         proc.start_kb, proc.start_off_kb = proc.rss_kb, proc.off_kb
         if not (proc.ran or slow or proc.start_kb == 0.0):
             interval.add(proc, proc.rss_kb, proc.rss_kb)  # did not run: it cannot have grown
@@ -565,11 +397,11 @@ class _ProcBackend:
         take(proc, status, rss)
         interval.add(proc, peak, bound)
 
-    def _failed(self, proc: _Proc, err: OSError, interval: Interval) -> None:
+    def _failed(self, proc: Proc, err: OSError, interval: Interval) -> None:
         self.errors.append(f"pid {proc.pid}: {err.strerror or err}")
         interval.add(proc, proc.rss_kb, NAN)
 
-    def _shown_s(self, proc: _Proc, dt: float, backfill_s: float = 0.0) -> float:
+    def _shown_s(self, proc: Proc, dt: float, backfill_s: float = 0.0) -> float:
         """The CPU ``proc`` shows in this interval's rate: what it used since
         it was last counted (less what a late-found one used before the
         interval), capped at its own CPUs, the rest carried."""
@@ -579,7 +411,7 @@ class _ProcBackend:
         used_s = cpu_s - proc.counted_s - backfill_s + proc.carry_s
         proc.counted_s = cpu_s
         if used_s > dt:  # more than one CPU's worth: the cap matters, and affinity can change (taskset)
-            proc.cpus = _affinity(proc.pid)
+            proc.cpus = affinity(proc.pid)
         cpus = self._cpus_of(proc, dt)
         self._cap_cpus |= cpus
         # Its own CPU (its clock) ran on its CPUs; the rest (its reaped
@@ -592,7 +424,7 @@ class _ProcBackend:
         return shown_s
 
     def _cap_s(self, cpus, dt: float) -> float:
-        return dt * _capped(float(len(cpus) or _LOGICAL_CPUS), self.tree.quota) if dt > 0 else 0.0
+        return dt * capped(float(len(cpus) or LOGICAL_CPUS), self.tree.quota) if dt > 0 else 0.0
 
     def settle(self) -> None:
         """The CPU used before the run's start is no interval's."""
@@ -600,7 +432,7 @@ class _ProcBackend:
             proc.counted_s, proc.carry_s = proc.cpu_s, 0.0
 
     @staticmethod
-    def _cpus_of(proc: _Proc, dt: float) -> frozenset:
+    def _cpus_of(proc: Proc, dt: float) -> frozenset:
         """Where the CPU a process shows in an interval ran: on its own CPUs,
         and on those of the children it reaped in it, whose CPU arrives in
         its cutime -- on theirs only, if it barely ran itself (a parent
@@ -615,7 +447,7 @@ class _ProcBackend:
         return float(len(self._cap_cpus))
 
     # -- processes that went -------------------------------------------------
-    def _forget(self, proc: _Proc, gone: list[_Proc], interval: Interval) -> None:
+    def _forget(self, proc: Proc, gone: list[Proc], interval: Interval) -> None:
         del self.procs[proc.pid]
         proc.close()
         self.tree.gone += 1
@@ -667,7 +499,7 @@ class _ProcBackend:
         changed, self._last_pid = last != self._last_pid, last
         return changed or slow or self.tree.adopt
 
-    def _find_children(self, interval: Interval, boot_s: float) -> list[_Proc]:
+    def _find_children(self, interval: Interval, boot_s: float) -> list[Proc]:
         """Add the processes new to the tree (children of every thread of the
         members that ran since they were last listed: a process that did not
         run forked nothing); returns them."""
@@ -713,7 +545,7 @@ class _ProcBackend:
                 queue.append(child)
         return found
 
-    def _join(self, child: _Proc, parent: _Proc | None, status: Status, interval: Interval,
+    def _join(self, child: Proc, parent: Proc | None, status: Status, interval: Interval,
               boot_s: float) -> None:
         child.read_io()
         self.walker.wanted = True
@@ -740,7 +572,7 @@ class _ProcBackend:
         interval.add(child, peak, NAN if late else peak)
 
     @staticmethod
-    def _backfill_s(proc: _Proc, dt: float) -> float:
+    def _backfill_s(proc: Proc, dt: float) -> float:
         """What a process found now used before the last ``dt`` seconds: its
         CPU spread evenly over its life, from its start time."""
         age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - proc.started * _TICK_S
@@ -796,7 +628,7 @@ class _ProcBackend:
         new = self._machine_mapped_kb() - self._mapped_kb
         return max(0.0, grown - max(new, 0.0)) if new == new else 0.0
 
-    def _walk_one(self, proc: _Proc) -> float:
+    def _walk_one(self, proc: Proc) -> float:
         try:
             rss, pss, private = proc.walk()
         except OSError:  # gone (the next sample forgets it), or no smaps_rollup (kernel < 4.14)

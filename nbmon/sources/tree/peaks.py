@@ -45,8 +45,8 @@ import struct
 import time
 import weakref
 
-from ..private import alive, open_private, pid_started, private_dir, started_in
-from .procfs import BUDGET, pread, read_path
+from ...private import alive, open_private, pid_started, private_dir, started_in
+from ..procfs import BUDGET, pread, read_path
 
 CLEAR_REFS_RESET_PEAK = b"5"   # proc(5): resets the peak RSS (VmHWM) to the current RSS
 SLOTS = 32                     # readers of one process at a time

@@ -1,5 +1,5 @@
 """The process tree through psutil: the portable fallback of
-:class:`~nbmon.sources.proctree.ProcessTree` where /proc cannot be read.
+:class:`~nbmon.sources.tree.ProcessTree` where /proc cannot be read.
 Memory is the RSS sum, and peaks are sampled (no high-water marks, no PSS)."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 import time
 from typing import NamedTuple
 
-from ..values import MIB, NAN
-from .procfs import EXCLUDED
+from ...values import MIB, NAN
+from ..procfs import EXCLUDED
 
 _LOGICAL_CPUS = os.cpu_count() or 1
 

@@ -1,5 +1,5 @@
 """The memory of a process tree: shared pages counted once, peaks without
-side effects. :mod:`.proctree` reads the processes; this module turns what
+side effects. :mod:`.linux` reads the processes; this module turns what
 it read into the tree's figures.
 
 **Memory, shared pages counted once** (``proc_pss_mb``). Forked workers
@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from ..values import NAN
+from ...values import NAN
 
 # The fastest a thread can fault in new memory (zeroed huge pages at memory
 # bandwidth): a process that ran t seconds cannot have grown by more than
