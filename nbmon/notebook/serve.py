@@ -119,6 +119,10 @@ def main(argv: list[str]) -> int:
 
 
 def _warm() -> None:
+    try:   # the user's first cells come first: on Linux a thread has a nice value of its own
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
     try:
         from . import meter  # noqa: F401
     except Exception:  # noqa: BLE001 - the meter's own import will say why
