@@ -28,7 +28,7 @@ from nbmon.dask.wire import Encoder, pack, seal
 from nbmon.dask.worker import MAX_EVENTS_PER_S, MAX_PERIOD_S, host_period_s, roster_name
 from nbmon.engine import Monitor
 from nbmon.sources.proctree import ProcessTree
-from nbmon.notebook.cluster import BANDS, COMPACT_AT, ClusterView
+from nbmon.notebook.cluster import BANDS, COMPACT_AT, ClusterView, held
 from nbmon.notebook.frames import MAX_FRAME_BYTES
 from nbmon.options import Options
 from nbmon.tables import CellRecord
@@ -578,6 +578,29 @@ def test_frames_stay_within_64_kib_and_large_clusters_are_compact():
     finally:
         for view in views:
             view.close()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_held_is_each_series_latest_value_at_or_before_each_edge(seed):
+    """The grid's lookup (one search for every worker): at each edge, each
+    series' value at its latest time at or before the edge, NaN when there
+    is none or it is older than the staleness; ties in time, empty series."""
+    rng = np.random.default_rng(seed)
+    series = []
+    for _ in range(rng.integers(0, 6)):
+        t = np.sort(rng.choice(np.arange(0.0, 30.0, 0.5), rng.integers(0, 20)))
+        series.append((np.repeat(t, 2) if seed % 3 == 0 else t, rng.random(len(t) * (2 if seed % 3 == 0 else 1))))
+    edges = np.sort(rng.uniform(-5, 35, rng.integers(1, 40)))
+    stale_s = (1.0, 3.0, math.inf)[seed % 3]
+    got = held(series, edges, stale_s)
+    assert got.shape == (len(series), len(edges))
+    for (t, v), row in zip(series, got):
+        for edge, value in zip(edges, row):
+            before = np.flatnonzero(t <= edge)
+            if not before.size or edge - t[before[-1]] > stale_s:
+                assert math.isnan(value)
+            else:
+                assert value == v[before[-1]]
 
 
 def test_refreshes_at_most_four_times_a_second_while_batches_pour_in():
