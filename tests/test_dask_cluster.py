@@ -393,11 +393,10 @@ def test_a_worker_leaves_only_when_the_scheduler_says_so():
             assert nbmon.dask.unwatch() == {}
 
 
-def test_a_workers_clock_and_figures_are_bounded_to_what_it_can_report(monkeypatch):
-    """Issue 32: a batch timed up to 299 s ahead was drawn in the future, and
-    values of 3e38 were taken. A worker (in this process) whose clock runs
-    299 s ahead: its rows stand at their arrival, never later. Then one whose
-    source reports 3e38 MiB: its batches are refused, and the view says why."""
+def test_a_workers_clock_ahead_is_bounded_to_its_batches_arrival(monkeypatch):
+    """Issue 32: a batch timed up to 299 s ahead was drawn in the future. A
+    worker (in this process) whose clock runs 299 s ahead: its rows stand at
+    their arrival, never later, and so does the view's x axis."""
     import nbmon.dask.worker
 
     monkeypatch.setattr(nbmon.dask.worker, "Monitor", functools.partial(Monitor, wall=lambda: time.time() + 299.0))
@@ -418,8 +417,15 @@ def test_a_workers_clock_and_figures_are_bounded_to_what_it_can_report(monkeypat
         finally:
             assert nbmon.dask.unwatch() == {}
 
-        sample = ProcessTree.sample
-        monkeypatch.setattr(ProcessTree, "sample", lambda self, now: {**sample(self, now), "proc_rss_mb": 3e38})
+
+def test_figures_no_worker_can_report_are_refused(monkeypatch):
+    """Issue 32: values of 3e38 were taken. A worker (in this process) whose
+    source reports 3e38 MiB: its batches are refused, not a row of it is
+    kept, and the view says why."""
+    sample = ProcessTree.sample
+    monkeypatch.setattr(ProcessTree, "sample", lambda self, now: {**sample(self, now), "proc_rss_mb": 3e38})
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as lc, \
+            Client(lc, set_as_default=False) as client:
         watch = nbmon.dask.watch(client, system=False, gpu=False)
         try:
             wait_until(lambda: watch.collector.unread >= 2, timeout=20, what="two batches refused")
