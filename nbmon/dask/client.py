@@ -53,6 +53,8 @@ class Watch:
         client = self.client
         client.subscribe_topic(self.topic, self.collector.on_event)
         try:
+            # The workers' stores are sized by how many there are: known before the first batch.
+            self.collector.expected = len(self._call(client.nthreads))
             roster = Roster(self.topic, client.id, self.key)
             self._call(lambda: client.register_plugin(roster, name=roster.name))
             answers = self._call(lambda: client.register_plugin(
@@ -62,7 +64,6 @@ class Watch:
             raise RuntimeError(f"nbmon could not start on the cluster at {self.address}: "
                                f"{type(err).__name__}: {err}") from None
         self.registered = list(answers)
-        self.collector.expected = len(self.registered)
         self.running = True
         return self
 
