@@ -367,7 +367,8 @@ def main() -> None:
 
     args.before_rev = rev(args.before) if args.before else ""
     args.after_rev = rev(after)
-    args.dirty = bool(subprocess.run(["git", "-C", after, "status", "--porcelain", "--untracked-files=no"],
+    args.dirty = bool(subprocess.run(["git", "-C", after, "status", "--porcelain", "--untracked-files=no", "--",
+                                      ".", f":!{os.path.relpath(args.output, after)}"],
                                      capture_output=True, text=True).stdout.strip())
     loads = [" ".join(f"{x:.2f}" for x in os.getloadavg())]
     results = []
