@@ -16,7 +16,10 @@ counter through ``--preload`` of this file). Dask's own idle work is cut
 in every process of the cluster (``IDLE_CONFIG``: the profiler, the GIL and
 system monitors off or slowed), so that 1,000 workers fit beside the rest
 on a small machine and the scheduler's idle CPU varies less; it is the same
-in every window.
+in every window. The scheduler runs alone on the first CPU, everything
+else on the others (``--anywhere``: not so): on a cluster it has a machine
+or a core of its own, and on shared CPUs its figures would include its own
+work slowed down by the workers' samplers beside it.
 
 Windows: the cluster idle without nbmon, with nbmon (sampling every worker
 at 10 Hz), idle again; each figure is the nbmon window's excess over the
@@ -114,16 +117,24 @@ async def _host(address: str, n: int, roll: str) -> None:
     await asyncio.Event().wait()
 
 
-class Cluster:
-    """The scheduler and the worker processes of one size, this process the notebook."""
+def on(cpus) -> list[str]:
+    """A command's prefix that runs it, and every thread it starts, on ``cpus`` (None: anywhere)."""
+    return ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
 
-    def __init__(self, spec: str, tmp: str):
+
+class Cluster:
+    """The scheduler and the worker processes of one size, this process the
+    notebook; the scheduler on ``scheduler_cpus`` (None: anywhere), the
+    worker processes where this process may run."""
+
+    def __init__(self, spec: str, tmp: str, scheduler_cpus=None):
         size, _, apart = spec.partition("/")
         size = int(size)
         processes, hosts = (int(apart), int(apart)) if apart else LAYOUT.get(size, (4, 2))
         path = os.path.join(tmp, "scheduler.json")
         self.scheduler = subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+            [*on(scheduler_cpus), sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+             "--port", "0",
              "--no-dashboard", "--scheduler-file", path, "--preload", os.path.abspath(__file__)],
             env={**os.environ, **IDLE_CONFIG}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
@@ -208,7 +219,7 @@ def batches(watch, msg):
     return []
 
 
-def measure(spec: str, seconds: float) -> dict:
+def measure(spec: str, seconds: float, scheduler_cpus=None) -> dict:
     import numpy as np
 
     from nbmon.dask.client import Watch
@@ -220,7 +231,7 @@ def measure(spec: str, seconds: float) -> dict:
     import plotly.graph_objects  # noqa: F401
 
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = Cluster(spec, tmp)
+        cluster = Cluster(spec, tmp, scheduler_cpus)
         size = cluster.size
         try:
             time.sleep(5)   # past the workers' start
@@ -300,7 +311,7 @@ def report(results, args, loads) -> str:
         f"{args.after_rev}{' (with uncommitted changes)' if args.dirty else ''}.\n\n"
         "Each row: its own notebook process, scheduler process and worker processes (no nannies, many Dask workers "
         "each) on simulated hosts (a private directory each, so a host lock each), all on this machine's "
-        f"{os.cpu_count()} CPUs; nbmon samples every worker at 10 Hz. Each figure is a {args.seconds:g} s "
+        f"{os.cpu_count()} CPUs ({args.placement}); nbmon samples every worker at 10 Hz. Each figure is a {args.seconds:g} s "
         "window's excess over the mean of an idle window before and one after (in brackets, half the difference "
         "of the two idle windows: how much the scheduler's own idle work, mostly Dask's heartbeats, drifted; and "
         "its idle CPU). Latency: from each sample to its batch's arrival in the notebook "
@@ -349,13 +360,15 @@ def main() -> None:
         asyncio.run(_host(sys.argv[2], int(sys.argv[3]), sys.argv[4]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "_measure":
-        print(json.dumps(measure(sys.argv[2], float(sys.argv[3]))), flush=True)
+        print(json.dumps(measure(sys.argv[2], float(sys.argv[3]), json.loads(sys.argv[4]))), flush=True)
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="each window (default 30)")
     parser.add_argument("--sizes", default="4,32,128,1000,128/32",
                         help="cluster sizes; N/P: N workers in P processes, a host each (default 4,32,128,1000,128/32)")
     parser.add_argument("--before", help="another checkout (a git worktree) measured beside this one")
+    parser.add_argument("--anywhere", action="store_true",
+                        help="let the scheduler share the CPUs with the rest (default: the first CPU its own)")
     parser.add_argument("--output", default=RESULTS)
     args = parser.parse_args()
     after = os.path.dirname(HERE)
@@ -372,10 +385,17 @@ def main() -> None:
                                      capture_output=True, text=True).stdout.strip())
     loads = [" ".join(f"{x:.2f}" for x in os.getloadavg())]
     results = []
+    cpus = sorted(os.sched_getaffinity(0))
+    # The scheduler alone on the first CPU, as on a cluster: its figures are then its own work,
+    # not its work slowed by sharing a CPU with the workers' samplers.
+    alone = cpus[:1] if len(cpus) > 1 and not args.anywhere else None
+    args.placement = (f"the scheduler alone on CPU {alone[0]}, the rest on the other {len(cpus) - 1}" if alone
+                      else "every process on any CPU")
     for i, size in enumerate(args.sizes.split(",")):
         for name, path in (checkouts if i % 2 == 0 else checkouts[::-1]):   # alternated
             env = {**os.environ, "PYTHONPATH": path}
-            done = subprocess.run([sys.executable, os.path.abspath(__file__), "_measure", size, str(args.seconds)],
+            done = subprocess.run([*on(cpus[1:] if alone else None), sys.executable, os.path.abspath(__file__),
+                                   "_measure", size, str(args.seconds), json.dumps(alone)],
                                   env=env, capture_output=True, text=True, timeout=1800)
             if done.returncode:
                 sys.exit(f"{name} at {size} workers failed:\n{done.stderr[-4000:]}")
