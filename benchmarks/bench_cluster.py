@@ -1,36 +1,44 @@
-"""What watching a Dask cluster costs, per transport and as the cluster grows.
+"""What watching a Dask cluster costs, as the cluster grows: this checkout and another, in one run.
 
     pip install -e ".[dask]"
-    python benchmarks/bench_cluster.py [--seconds 20] [--sizes 4,32,128]   # writes benchmarks/RESULTS_CLUSTER.md
+    python benchmarks/bench_cluster.py [--before DIR] [--seconds 30] [--sizes 4,32,128,1000,128/32]
+        # writes benchmarks/RESULTS_CLUSTER.md (its "## Earlier" part is kept)
 
-The scheduler runs in its own process, the workers in 4 more (1, 8 or 32
-workers each: "several workers per process" for 32 and 128), and this
-process is the notebook (the Dask client, nbmon's collector). Each process
-counts the bytes it writes on Dask's TCP comms (``TCP.write`` returns them;
-the scheduler gets the counter through ``--preload`` of this file). For
-each cluster size: one window with the cluster idle and no nbmon (the
-baseline), then one window per transport with nbmon sampling every worker
-at 10 Hz and batching once a second; a figure is the window's excess over
-the baseline:
+For each cluster size and each checkout (``--before DIR``, e.g. ``git
+worktree add --detach /tmp/before main``, then this one), a fresh process
+is the notebook (the Dask client, nbmon's collector and view), with that
+checkout first on PYTHONPATH everywhere: it starts the scheduler in its own
+process and real worker processes (no nannies), each hosting many Dask
+workers, spread over simulated hosts (a private directory each, hence a
+host lock each; ``LAYOUT``). Each process counts the bytes it writes on
+Dask's TCP comms (``TCP.write`` returns them; the scheduler gets the
+counter through ``--preload`` of this file). Dask's own idle work is cut
+in every process of the cluster (``IDLE_CONFIG``: the profiler, the GIL and
+system monitors off or slowed), so that 1,000 workers fit beside the rest
+on a small machine and the scheduler's idle CPU varies less; it is the same
+in every window. The scheduler runs alone on the first CPU, everything
+else on the others (``--anywhere``: not so): on a cluster it has a machine
+or a core of its own, and on shared CPUs its figures would include its own
+work slowed down by the workers' samplers beside it.
 
-- bytes on the wire per worker per second (every process's writes: worker
-  to scheduler, scheduler to notebook, and back for the pulls),
-- CPU of the scheduler process, of the notebook process and, per worker,
-  of the worker processes (% of one core),
-- latency: from a batch's newest sample to its arrival in the notebook's
-  store (median, 95th percentile), and the view's refresh time and frame
-  at that size.
+Windows: the cluster idle without nbmon, with nbmon (sampling every worker
+at 10 Hz), idle again; each figure is the nbmon window's excess over the
+mean of the two idle ones:
 
-Transports: ``events`` (``worker.log_event`` + ``client.subscribe_topic``,
-nbmon's), ``heartbeat`` (a ``worker.metrics`` entry carried by every
-heartbeat, the notebook polling the scheduler every 0.5 s), ``pull``
-(``client.run`` every second).
+- bytes on the wire per worker per second (every process's writes),
+- CPU of the scheduler process (read from its own CPU clock), of the
+  notebook process, and per worker of the worker processes (% of a core),
+- latency: from each sample to its arrival in the notebook (every sample
+  of every batch: a batch's samples spread over its span), p50 and p95;
+  and from a batch's newest sample,
+- the view: a forced refresh's CPU (median of 10) and frame bytes, and the
+  notebook's RSS growth from before the watch to after the view; the
+  notebook's stores of the workers can grow to their bound (``stores``).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import json
 import os
 import platform
@@ -42,13 +50,16 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-
-from nbmon.dask.worker import HEARTBEATS_PER_BATCH  # noqa: E402
-
 RESULTS = os.path.join(HERE, "RESULTS_CLUSTER.md")
-PROCESSES = 4   # worker processes
-TRANSPORTS = ("events", "heartbeat", "pull")
+# workers -> (worker processes, simulated hosts); "N/P" in --sizes: N workers in P processes, a host each
+LAYOUT = {4: (4, 2), 32: (4, 2), 128: (4, 2), 1000: (8, 4)}
+IDLE_CONFIG = {   # Dask's own idle work, the same in every window
+    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+    "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "1s",
+    "DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL": "5s",
+    "DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__GIL__ENABLED": "False",
+    "DASK_DISTRIBUTED__WORKER__MEMORY__MONITOR_INTERVAL": "1s",
+}
 
 
 # -- byte counting, in every process -----------------------------------------------
@@ -81,283 +92,324 @@ def dask_setup(server) -> None:   # --preload hook of the scheduler process
     count_tcp_writes()
 
 
-# -- the other two transports ---------------------------------------------------------
-
-def _pending(worker, topic: str) -> collections.deque:
-    if not hasattr(worker, "_nbmon_pending"):
-        worker._nbmon_pending = collections.defaultdict(collections.deque)
-    return worker._nbmon_pending[topic]
-
-
-def buffer_batch(worker, topic, msg) -> None:
-    """Keep the batch on the worker, for a heartbeat or a pull to take."""
-    _pending(worker, topic).append(msg)
-
-
-def take_batches(topic: str, dask_worker=None) -> list:
-    pending = _pending(dask_worker, topic)
-    out = []
-    while pending:
-        out.append(pending.popleft())
-    return out
-
-
-def scheduler_metrics(topic: str, seen: dict, dask_scheduler=None) -> list:
-    """The batches the workers' last heartbeats carried, less those ``seen``
-    ({worker: last batch number}) already: only new ones travel."""
-    return [m for ws in dask_scheduler.workers.values() for m in (ws.metrics.get(topic) or ())
-            if m["s"] > seen.get(m["w"], -1)]
-
-
-def make_plugin(transport: str, topic: str, options_json: str):
-    from nbmon.dask.worker import NbmonPlugin
-
-    if transport == "events":
-        return None
-
-    class Buffered(NbmonPlugin):
-        def setup(self, worker) -> None:
-            if transport == "heartbeat":
-                worker.metrics[self.topic] = lambda w: take_batches(self.topic, w)
-            super().setup(worker)
-
-        def teardown(self, worker) -> None:
-            super().teardown(worker)
-            worker.metrics.pop(self.topic, None)
-
-    return Buffered(topic, options_json, 1.0, send=buffer_batch)
-
-
-class Poller(threading.Thread):
-    """The notebook's side of heartbeat and pull: fetch batches, feed the collector."""
-
-    def __init__(self, transport: str, watch):
-        super().__init__(name="bench-poller", daemon=True)
-        self.transport, self.watch, self.stop = transport, watch, threading.Event()
-
-    def run(self) -> None:
-        client, handle = self.watch.client, self.watch.collector.handle
-        period = 0.5 if self.transport == "heartbeat" else 1.0
-        seen: dict[str, int] = {}
-        while not self.stop.wait(period):
-            topic = self.watch.topic
-            if self.transport == "heartbeat":
-                batches = client.run_on_scheduler(scheduler_metrics, topic, seen)
-            else:
-                batches = [m for ms in client.run(take_batches, topic, on_error="ignore").values() for m in ms]
-            for msg in sorted(batches, key=lambda m: m["s"]):
-                if msg["s"] > seen.get(msg["w"], -1):   # a heartbeat repeats what the scheduler holds
-                    seen[msg["w"]] = msg["s"]
-                    handle(msg)
-
-
-# -- processes ---------------------------------------------------------------------------
-
 def cpu_s(pid: int) -> float:
     """CPU seconds of process ``pid`` (its kernel CPU clock: ns, not 10 ms ticks)."""
     return time.clock_gettime(((~pid) << 3) | 2)
 
 
-async def _host(address: str, n: int) -> None:
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+# -- a worker process: many Dask workers ------------------------------------------------
+
+async def _host(address: str, n: int, roll: str) -> None:
     from distributed import Worker
 
     count_tcp_writes()
-    workers = [Worker(address, nthreads=1, memory_limit="4GiB", dashboard=False) for _ in range(n)]
+    workers = [Worker(address, nthreads=1, memory_limit="4GiB", dashboard=False, host="127.0.0.1")
+               for _ in range(n)]
     await asyncio.gather(*workers)
+    with open(roll + ".part", "w") as f:   # the notebook asks one worker per process for its bytes
+        json.dump([w.address for w in workers], f)
+    os.rename(roll + ".part", roll)
     await asyncio.Event().wait()
 
 
+def on(cpus) -> list[str]:
+    """A command's prefix that runs it, and every thread it starts, on ``cpus`` (None: anywhere)."""
+    return ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
+
+
 class Cluster:
-    def __init__(self, size: int, tmp: str):
-        self.size = size
-        path = os.path.join(tmp, f"scheduler-{size}.json")
+    """The scheduler and the worker processes of one size, this process the
+    notebook; the scheduler on ``scheduler_cpus`` (None: anywhere), the
+    worker processes where this process may run."""
+
+    def __init__(self, spec: str, tmp: str, scheduler_cpus=None):
+        size, _, apart = spec.partition("/")
+        size = int(size)
+        processes, hosts = (int(apart), int(apart)) if apart else LAYOUT.get(size, (4, 2))
+        path = os.path.join(tmp, "scheduler.json")
         self.scheduler = subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+            [*on(scheduler_cpus), sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+             "--port", "0",
              "--no-dashboard", "--scheduler-file", path, "--preload", os.path.abspath(__file__)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            env={**os.environ, **IDLE_CONFIG}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while not os.path.exists(path) and time.monotonic() < deadline:
             time.sleep(0.1)
+        time.sleep(0.5)
         with open(path) as f:
             self.address = json.load(f)["address"]
-        self.hosts = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "_host", self.address,
-                                        str(size // PROCESSES)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                      for _ in range(PROCESSES)]
+        self.procs, rolls = [], []
+        for k in range(processes):
+            private = os.path.join(tmp, f"host{k % hosts}")   # a simulated host: its own host lock
+            os.makedirs(private, mode=0o700, exist_ok=True)
+            rolls.append(os.path.join(tmp, f"process{k}.json"))
+            env = {**os.environ, **IDLE_CONFIG, "XDG_RUNTIME_DIR": private,
+                   "DASK_TEMPORARY_DIRECTORY": os.path.join(tmp, "scratch")}
+            count = size // processes + (k < size % processes)
+            self.procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "_host", self.address,
+                                                str(count), rolls[-1]], env=env,
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         from distributed import Client
 
         self.client = Client(self.address, set_as_default=False)
-        self.client.wait_for_workers(size, timeout=120)
+        self.client.wait_for_workers(size, timeout=300)
+        deadline = time.monotonic() + 60
+        while not all(os.path.exists(r) for r in rolls) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.askers = []   # a worker of each process
+        for r in rolls:
+            with open(r) as f:
+                self.askers.append(json.load(f)[0])
+        self.size, self.hosts = size, hosts
 
     def snapshot(self) -> dict:
         """Bytes written and CPU seconds, per process kind, now."""
         client = self.client
-        processes = dict([client.run_on_scheduler(written_bytes), written_bytes(), *client.run(written_bytes).values()])
+        processes = dict([client.run_on_scheduler(written_bytes), written_bytes(),
+                          *client.run(written_bytes, workers=self.askers).values()])
         return {"bytes": sum(processes.values()),
                 "scheduler_cpu": cpu_s(self.scheduler.pid), "notebook_cpu": cpu_s(os.getpid()),
-                "workers_cpu": sum(cpu_s(p.pid) for p in self.hosts), "t": time.monotonic()}
+                "workers_cpu": sum(cpu_s(p.pid) for p in self.procs), "t": time.monotonic()}
+
+    def window(self, seconds: float) -> dict:
+        before = self.snapshot()
+        time.sleep(seconds)
+        after = self.snapshot()
+        span = after["t"] - before["t"]
+        return {k: (after[k] - before[k]) / span for k in ("bytes", "scheduler_cpu", "notebook_cpu", "workers_cpu")}
 
     def close(self) -> None:
         self.client.close()
-        for p in self.hosts + [self.scheduler]:
+        for p in self.procs + [self.scheduler]:
             p.terminate()
-        for p in self.hosts + [self.scheduler]:
-            p.wait(30)
+        for p in self.procs + [self.scheduler]:
+            p.wait(60)
 
 
-def window(cluster: Cluster, seconds: float) -> dict:
-    before = cluster.snapshot()
-    time.sleep(seconds)
-    after = cluster.snapshot()
-    span = after["t"] - before["t"]
-    return {k: (after[k] - before[k]) / span for k in ("bytes", "scheduler_cpu", "notebook_cpu", "workers_cpu")}
+# -- one measurement: one checkout, one size (a process of its own) --------------------------
+
+class Arrivals:
+    """Every event the watch's handler got, with its arrival, read after the window."""
+
+    def __init__(self, handler):
+        self.handler, self.seen, self.on = handler, [], False
+
+    def __call__(self, event) -> None:
+        if self.on:
+            self.seen.append((time.time(), event[1]))
+        self.handler(event)
 
 
-def measure(cluster: Cluster, transport: str, seconds: float, baseline: dict) -> dict:
+def batches(watch, msg):
+    """(first sample, newest sample, samples) of each batch in an event, in
+    either checkout's wire (a sealed host batch of process batches, or a
+    worker's own batch)."""
+    if isinstance(msg, dict) and "b" in msg and "k" in msg:
+        from nbmon.dask import wire
+
+        body = wire.opened(watch.key, msg)
+        return [(b["t"][0], b["t"][1], b["n"]) for b in map(wire.unpack, body.get("p", ()))]
+    if isinstance(msg, dict) and "t" in msg and "n" in msg:
+        return [(msg["t"][0], msg["t"][1], msg["n"])]
+    return []
+
+
+def measure(spec: str, seconds: float, scheduler_cpus=None) -> dict:
+    import numpy as np
+
     from nbmon.dask.client import Watch
     from nbmon.notebook.cluster import ClusterView
     from nbmon.options import Options
 
-    options = Options(interval=0.1, gpu=False)
-    watch = Watch(cluster.client, options)
-    watch.start(make_plugin(transport, watch.topic, options.to_json()))
-    poller = None
-    if transport != "events":
-        poller = Poller(transport, watch)
-        poller.start()
-    try:
-        assert watch.ready(60), "the workers' first batches did not arrive"
-        time.sleep(3)   # past the start-up
-        watch.collector.latency.clear()
-        got = window(cluster, seconds)
-        latency = sorted(watch.collector.latency)
-        period = max(f.about.get("period_s", 0.0) for f in watch.collector.workers())
-        view = ClusterView(watch, start=False)
-        cpu, wall = [], []
-        for _ in range(10):
-            c, t = time.thread_time(), time.perf_counter()
-            view.refresh(force=True)
-            cpu.append((time.thread_time() - c) * 1e3)
-            wall.append((time.perf_counter() - t) * 1e3)
-        view.widget.close()
-    finally:
-        if poller is not None:
-            poller.stop.set()
-            poller.join(5)
-        watch.stop()
-    n = cluster.size
-    return {"transport": transport, "workers": n,
-            "bytes_per_worker_s": (got["bytes"] - baseline["bytes"]) / n,
-            "scheduler_cpu": 100 * (got["scheduler_cpu"] - baseline["scheduler_cpu"]),
-            "notebook_cpu": 100 * (got["notebook_cpu"] - baseline["notebook_cpu"]),
-            "worker_cpu": 100 * (got["workers_cpu"] - baseline["workers_cpu"]) / n,
-            "latency_p50_ms": 1e3 * latency[len(latency) // 2] if latency else float("nan"),
-            "latency_p95_ms": 1e3 * latency[int(len(latency) * 0.95)] if latency else float("nan"),
-            "batches": len(latency), "period_s": period, "refresh_cpu_ms": statistics.median(cpu),
-            "refresh_ms": statistics.median(wall), "frame_bytes": view.last_frame_bytes, "compact": view.compact}
+    count_tcp_writes()
+    import anywidget  # noqa: F401 - the view's imports, before the RSS it grows by is read
+    import plotly.graph_objects  # noqa: F401
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = Cluster(spec, tmp, scheduler_cpus)
+        size = cluster.size
+        try:
+            time.sleep(5)   # past the workers' start
+            idle = [cluster.window(seconds)]
+            rss0 = rss_mb()
+            watch = Watch(cluster.client, Options(interval=0.1, gpu=False))
+            watch.collector.on_event = arrivals = Arrivals(watch.collector.on_event)
+            watch.start()
+            assert watch.ready(120), "the workers' first batches did not arrive"
+            time.sleep(5)   # past the start
+            arrivals.on = True
+            got = cluster.window(seconds)
+            arrivals.on = False
+            view = ClusterView(watch, start=False)
+            cpu = []
+            for _ in range(10):
+                c = time.thread_time()
+                view.refresh(force=True)
+                cpu.append((time.thread_time() - c) * 1e3)
+            rss = rss_mb() - rss0
+            feeds = [f for f in watch.collector.workers() if f.store is not None]
+            stores = sum(f.store.nbytes for f in feeds)
+            period = max(f.about.get("period_s") or 0.0 for f in feeds)
+            frame, compact = view.last_frame_bytes, view.compact
+            view.close()
+            watch.stop()
+            time.sleep(3)
+            idle.append(cluster.window(seconds))
+        finally:
+            cluster.close()
+    newest, every = [], []
+    for arrived, msg in arrivals.seen:
+        for first, last, n in batches(watch, msg):
+            newest.append(arrived - last)
+            every.extend(arrived - np.linspace(last if n < 2 else first, last, max(1, n)))
+    base = {k: statistics.fmean(w[k] for w in idle) for k in idle[0]}
+
+    def pct(values, q):
+        return 1e3 * float(np.percentile(values, q)) if len(values) else float("nan")
+
+    return {"workers": size, "hosts": cluster.hosts, "processes": len(cluster.procs),
+            "bytes_per_worker_s": (got["bytes"] - base["bytes"]) / size,
+            "scheduler_cpu": 100 * (got["scheduler_cpu"] - base["scheduler_cpu"]),
+            "scheduler_idle": 100 * base["scheduler_cpu"],
+            "scheduler_drift": 50 * abs(idle[0]["scheduler_cpu"] - idle[1]["scheduler_cpu"]),
+            "notebook_cpu": 100 * (got["notebook_cpu"] - base["notebook_cpu"]),
+            "worker_cpu": 100 * (got["workers_cpu"] - base["workers_cpu"]) / size,
+            "events_s": len(arrivals.seen) / seconds, "period_s": period,
+            "latency_p50_ms": pct(every, 50), "latency_p95_ms": pct(every, 95),
+            "newest_p50_ms": pct(newest, 50), "newest_p95_ms": pct(newest, 95),
+            "refresh_cpu_ms": statistics.median(cpu), "frame_bytes": frame, "compact": compact,
+            "notebook_mb": rss, "stores_mb": stores / 2**20, "load": os.getloadavg()[0]}
 
 
 # -- the report --------------------------------------------------------------------------
 
-def slope(rows, key):
-    """Least-squares slope and intercept of ``key`` against the number of workers."""
-    xs, ys = [r["workers"] for r in rows], [r[key] for r in rows]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return b, my - b * mx
-
-
-def report(results, seconds, sizes, loads) -> str:
-    head = ("| transport | workers | batch every s | B/s per worker | scheduler CPU % | notebook CPU % | "
-            "CPU % per worker | latency p50 / p95 ms | view refresh ms, CPU / wall | frame B |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n")
+def report(results, args, loads) -> str:
+    head = ("| workers (processes, hosts) | checkout | scheduler CPU % (± idle drift; idle %) | events / s | notebook CPU % "
+            "| CPU % per worker | B/s per worker | latency p50 / p95 ms, every sample | newest sample p50 / p95 ms "
+            "| view refresh ms CPU | frame B | notebook MiB (RSS growth) | stores' bound MiB |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = "".join(
-        f"| {r['transport']} | {r['workers']} | {r['period_s']:g} | {r['bytes_per_worker_s']:.0f} | "
-        f"{r['scheduler_cpu']:.2f} | {r['notebook_cpu']:.2f} | {r['worker_cpu']:.2f} | "
-        f"{r['latency_p50_ms']:.0f} / {r['latency_p95_ms']:.0f} | {r['refresh_cpu_ms']:.1f} / {r['refresh_ms']:.1f}"
-        f"{' (compact)' if r['compact'] else ''} | {r['frame_bytes']:,} |\n"
-        for r in results)
-    # At 1,000 workers Dask heartbeats every 1000/200 + 1 = 6 s, so batches come every 9 s.
-    period = HEARTBEATS_PER_BATCH * (1000 / 200 + 1)
-    projection = []
-    for transport in TRANSPORTS:
-        mine = [r for r in results if r["transport"] == transport]
-        if len(mine) < 2:
-            continue
-        s_b, s_a = slope(mine, "scheduler_cpu")
-        n_b, n_a = slope(mine, "notebook_cpu")
-        big = max(mine, key=lambda r: r["workers"])
-        per_batch = big["scheduler_cpu"] * big["period_s"] / big["workers"]   # % of a core x s, per batch
-        wire = big["bytes_per_worker_s"] * big["period_s"] / period * 1000
-        projection.append(f"| {transport} | {s_b * 1000:.2f} | {s_a + s_b * 1000:.1f} | "
-                          f"{per_batch * 1000 / period:.1f} | {n_a + n_b * 1000:.1f} | {wire / 1024:.0f} KiB/s |")
-    largest = max(r["workers"] for r in results)
-    at = {r["transport"]: r for r in results if r["workers"] == largest}
-    compared = "; ".join(f"`{t}` {r['bytes_per_worker_s']:.0f} B/s per worker, scheduler {r['scheduler_cpu']:.2f} %, "
-                         f"notebook {r['notebook_cpu']:.2f} %, latency p50 {r['latency_p50_ms']:.0f} ms"
-                         for t, r in at.items())
-    events = at.get("events")
-
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "missed"
-
-    targets = "" if events is None else (
-        f"Targets at {largest} workers, for `events`: wire {events['bytes_per_worker_s']:.0f} B/s per worker "
-        f"(target ≤ 2048: {verdict(events['bytes_per_worker_s'] <= 2048)}), scheduler "
-        f"{events['scheduler_cpu']:.2f} % of a core (target ≤ 1 %: {verdict(events['scheduler_cpu'] <= 1)}), "
-        f"view refresh {events['refresh_cpu_ms']:.1f} ms of CPU, {events['refresh_ms']:.1f} ms of wall time "
-        f"(target ≤ 50 ms: {verdict(events['refresh_cpu_ms'] <= 50)} in CPU time).\n")
+        f"| {r['workers']:,} ({r['processes']}, {r['hosts']}) | {r['checkout']} | {r['scheduler_cpu']:.2f} "
+        f"(± {r['scheduler_drift']:.2f}; {r['scheduler_idle']:.1f}) | {r['events_s']:.1f} | {r['notebook_cpu']:.2f} | "
+        f"{r['worker_cpu']:.2f} | "
+        f"{r['bytes_per_worker_s']:.0f} | {r['latency_p50_ms']:.0f} / {r['latency_p95_ms']:.0f} | "
+        f"{r['newest_p50_ms']:.0f} / {r['newest_p95_ms']:.0f} | {r['refresh_cpu_ms']:.1f}"
+        f"{' (compact)' if r['compact'] else ''} | {r['frame_bytes']:,} | {r['notebook_mb']:.0f} | "
+        f"{r['stores_mb']:.0f} |\n"
+        for r in sorted(results, key=lambda r: (r["workers"], r["hosts"], r["checkout"] != "before")))
     return (
         "# Watching a Dask cluster: what it costs\n\n"
-        f"`python benchmarks/bench_cluster.py --seconds {seconds:g} --sizes {','.join(map(str, sizes))}`, "
-        f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Load average before / after: "
-        f"{loads[0]} / {loads[1]}; every process of the cluster shares this machine's {os.cpu_count()} CPUs, "
-        f"so wall times include waiting for a CPU.\n\n"
-        f"Scheduler, notebook and {PROCESSES} worker processes on this machine (1, 8 or 32 workers per process); "
-        f"nbmon samples every worker at 10 Hz and sends one batch (min, max, mean of every field) a second, "
-        f"or every {HEARTBEATS_PER_BATCH:g} Dask heartbeats when Dask spaces them out (\"batch every\"). "
-        f"Each figure is a {seconds:g} s window's excess over the same cluster idle without nbmon. "
-        "Latency: from a batch's newest sample to its arrival in the notebook's store; the view adds at most "
-        "one refresh period (0.25 s) and its refresh time.\n\n" + head + rows +
-        "\n## Projected at 1,000 workers\n\n"
-        "From the least-squares line through the sizes measured (its slope: % of a core per 1,000 workers), "
-        f"and, as a check, from the scheduler's CPU per batch at the largest size times the batches a second "
-        f"1,000 workers send (one every {period:g} s). Wire: bytes per batch at the largest size, "
-        f"one batch every {period:g} s.\n\n"
-        "| transport | scheduler slope | scheduler CPU % (line) | scheduler CPU % (per batch) | "
-        "notebook CPU % (line) | wire |\n|---|---|---|---|---|---|\n" + "\n".join(projection) + "\n"
-        f"\n## Measured at {largest} workers\n\n{compared}.\n\n{targets}")
+        f"`python benchmarks/bench_cluster.py --seconds {args.seconds:g} --sizes {args.sizes}"
+        f"{' --before ' + args.before if args.before else ''}`, {platform.platform()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
+        f"Load average before / after: {loads[0]} / {loads[1]}. \"before\" is {args.before_rev}, \"after\" "
+        f"{args.after_rev}{' (with uncommitted changes)' if args.dirty else ''}.\n\n"
+        "Each row: its own notebook process, scheduler process and worker processes (no nannies, many Dask workers "
+        "each) on simulated hosts (a private directory each, so a host lock each), all on this machine's "
+        f"{os.cpu_count()} CPUs ({args.placement}); nbmon samples every worker at 10 Hz. Each figure is a {args.seconds:g} s "
+        "window's excess over the mean of an idle window before and one after (in brackets, half the difference "
+        "of the two idle windows: how much the scheduler's own idle work, mostly Dask's heartbeats, drifted; and "
+        "its idle CPU). Latency: from each sample to its batch's arrival in the notebook "
+        "(the view adds at most one refresh period, 0.25 s, and its refresh); \"newest sample\": from a "
+        "batch's last. The stores' bound: what the workers' stores in the notebook can grow to over a long watch "
+        "(the RSS growth is what they had touched after this one's minute).\n\n" + head + rows + projection(results))
+
+
+def projection(results) -> str:
+    """The scheduler at 1,000 workers in other layouts, from the cost of an
+    event measured: a check, beside the measured rows."""
+    from distributed.scheduler import heartbeat_interval
+
+    sys.path.insert(0, os.path.dirname(HERE))   # this checkout's nbmon
+    from nbmon.dask.worker import host_period_s
+
+    def per_event_ms(checkout):
+        """The scheduler's CPU per event, where there were enough of them to tell."""
+        many = [r for r in results if r["checkout"] == checkout and r["events_s"] >= 20]
+        return max(many, key=lambda r: r["events_s"]) if many else None
+
+    big, after = per_event_ms("before"), per_event_ms("after")
+    if big is None:
+        return ""
+    cost_ms = 10 * big["scheduler_cpu"] / big["events_s"]   # 1 % of a core is 10 ms a second
+    own = "" if after is None else (
+        f" \"after\"'s own at {after['workers']:,} workers on {after['hosts']} hosts ({after['events_s']:.0f} "
+        f"events a second, a host's batches each): {10 * after['scheduler_cpu'] / after['events_s']:.2f} ms.")
+    lines = []
+    for hosts, per_host in ((4, 250), (32, 32), (125, 8), (1000, 1)):
+        rate = hosts / host_period_s(1.0, heartbeat_interval(hosts * per_host), per_host)
+        lines.append(f"| {hosts:,} hosts of {per_host} | {hosts / rate:.1f} | {rate:.0f} | "
+                     f"{rate * cost_ms / 10:.2f} |")
+    return ("\n## At 1,000 workers on other hosts: a projection, as a check\n\n"
+            f"The scheduler's CPU per event, measured with \"before\" at {big['workers']:,} workers on "
+            f"{big['hosts']} hosts ({big['events_s']:.0f} events a second, one per worker and batch): {cost_ms:.2f} ms."
+            f"{own} \"after\" sends an event per host and period, the period growing past 1 s once the hosts "
+            "would send more than 50 a second (`nbmon.dask.worker.host_period_s`). The events a second of 1,000 "
+            "workers on other hosts, times the first cost:\n\n"
+            "| layout | seconds between a host's events | events / s | scheduler CPU % |\n|---|---|---|---|\n"
+            + "\n".join(lines) + "\n")
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_host":
-        asyncio.run(_host(sys.argv[2], int(sys.argv[3])))
+        asyncio.run(_host(sys.argv[2], int(sys.argv[3]), sys.argv[4]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "_measure":
+        print(json.dumps(measure(sys.argv[2], float(sys.argv[3]), json.loads(sys.argv[4]))), flush=True)
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=20.0, help="each window (default 20)")
-    parser.add_argument("--sizes", default="4,32,128", help="cluster sizes, multiples of 4 (default 4,32,128)")
-    parser.add_argument("--transports", default=",".join(TRANSPORTS))
+    parser.add_argument("--seconds", type=float, default=30.0, help="each window (default 30)")
+    parser.add_argument("--sizes", default="4,32,128,1000,128/32",
+                        help="cluster sizes; N/P: N workers in P processes, a host each (default 4,32,128,1000,128/32)")
+    parser.add_argument("--before", help="another checkout (a git worktree) measured beside this one")
+    parser.add_argument("--anywhere", action="store_true",
+                        help="let the scheduler share the CPUs with the rest (default: the first CPU its own)")
     parser.add_argument("--output", default=RESULTS)
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    count_tcp_writes()
+    after = os.path.dirname(HERE)
+    checkouts = ([("before", os.path.abspath(args.before))] if args.before else []) + [("after", after)]
+
+    def rev(path):
+        return subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
+
+    args.before_rev = rev(args.before) if args.before else ""
+    args.after_rev = rev(after)
+    args.dirty = bool(subprocess.run(["git", "-C", after, "status", "--porcelain", "--untracked-files=no", "--",
+                                      ".", f":!{os.path.relpath(args.output, after)}"],
+                                     capture_output=True, text=True).stdout.strip())
     loads = [" ".join(f"{x:.2f}" for x in os.getloadavg())]
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for size in sizes:
-            cluster = Cluster(size, tmp)
-            try:
-                time.sleep(3)
-                baseline = window(cluster, args.seconds)
-                for transport in args.transports.split(","):
-                    results.append(measure(cluster, transport, args.seconds, baseline))
-                    print(json.dumps(results[-1]), flush=True)
-            finally:
-                cluster.close()
+    cpus = sorted(os.sched_getaffinity(0))
+    # The scheduler alone on the first CPU, as on a cluster: its figures are then its own work,
+    # not its work slowed by sharing a CPU with the workers' samplers.
+    alone = cpus[:1] if len(cpus) > 1 and not args.anywhere else None
+    args.placement = (f"the scheduler alone on CPU {alone[0]}, the rest on the other {len(cpus) - 1}" if alone
+                      else "every process on any CPU")
+    for i, size in enumerate(args.sizes.split(",")):
+        for name, path in (checkouts if i % 2 == 0 else checkouts[::-1]):   # alternated
+            env = {**os.environ, "PYTHONPATH": path}
+            done = subprocess.run([*on(cpus[1:] if alone else None), sys.executable, os.path.abspath(__file__),
+                                   "_measure", size, str(args.seconds), json.dumps(alone)],
+                                  env=env, capture_output=True, text=True, timeout=1800)
+            if done.returncode:
+                sys.exit(f"{name} at {size} workers failed:\n{done.stderr[-4000:]}")
+            results.append({**json.loads(done.stdout.strip().splitlines()[-1]), "checkout": name})
+            print(json.dumps(results[-1]), flush=True)
     loads.append(" ".join(f"{x:.2f}" for x in os.getloadavg()))
-    text = report(results, args.seconds, sizes, loads)
+    text = report(results, args, loads)
+    earlier = ""
+    if os.path.exists(args.output):
+        with open(args.output) as f:
+            old = f.read()
+        earlier = old[old.index("\n## Earlier"):] if "\n## Earlier" in old else ""
     with open(args.output, "w") as f:
-        f.write(text)
+        f.write(text + earlier)
     print(text)
 
 

@@ -3,6 +3,7 @@ processes on this machine): what each worker reports, checked against what
 the tasks measured of themselves (/proc/<pid>/status, thread CPU time)."""
 from __future__ import annotations
 
+import functools
 import math
 import os
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -21,9 +23,12 @@ import nbmon
 import nbmon.dask
 from helpers import FrontEnd, wait_until
 from nbmon.dask.client import Watch
-from nbmon.dask.wire import Encoder
-from nbmon.dask.worker import roster_name
-from nbmon.notebook.cluster import BANDS, COMPACT_AT, ClusterView
+from nbmon.dask import feeds as dask_feeds
+from nbmon.dask.wire import Encoder, pack, seal
+from nbmon.dask.worker import MAX_EVENTS_PER_S, MAX_PERIOD_S, host_period_s, roster_name
+from nbmon.engine import Monitor
+from nbmon.sources.tree import ProcessTree
+from nbmon.notebook.cluster import BANDS, COMPACT_AT, ClusterView, held
 from nbmon.notebook.frames import MAX_FRAME_BYTES
 from nbmon.options import Options
 from nbmon.report.records import CellRecord
@@ -308,25 +313,234 @@ def test_a_killed_worker_is_marked_gone_and_new_workers_appear(tmp_path):
             assert nbmon.dask.unwatch() == {}
 
 
+# -- what the scheduler relays, and what the notebook takes -------------------------
+
+def private_dirs(tmp_path, *names) -> list[str]:
+    """A private directory per simulated host (XDG_RUNTIME_DIR: its own host lock)."""
+    made = []
+    for name in names:
+        (tmp_path / name).mkdir(mode=0o700)
+        made.append(str(tmp_path / name))
+    return made
+
+
+def test_each_host_sends_one_batch_a_period_for_all_its_workers(tmp_path):
+    """Four worker processes on two simulated hosts: the scheduler relays
+    one event per host and period (before: one per worker), each worker
+    still gets a row a period, and one worker per host reports its machine."""
+    hosts = private_dirs(tmp_path, "a", "b")
+    workers = {f"{host}-{k}": {"cls": Nanny, "options": {"nthreads": 1, "env": {"XDG_RUNTIME_DIR": hosts[i]}}}
+               for i, host in enumerate("ab") for k in range(2)}
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": None}}
+    with SpecCluster(workers=workers, scheduler=scheduler) as sc, Client(sc, set_as_default=False) as client:
+        watch = nbmon.dask.watch(client, gpu=False)
+        try:
+            assert watch.ready(20)
+            feeds = watch.collector.workers()
+            wait_until(lambda: sum(bool(f.about.get("machine")) for f in feeds) == 2, timeout=20,
+                       what="a machine reporter on each host")
+            t0, rows = time.time(), {f.address: f.store.seq for f in feeds}
+            time.sleep(6.0)
+            # A worker's events carry its address (the scheduler adds it); the scheduler's own do not.
+            relayed = [m for t, m in client.get_events(watch.topic) if t >= t0 and "worker" in m]
+            assert len(relayed) <= 2 * (6 + 1), len(relayed)   # a host a period (before: 24, a worker a period)
+            assert len({m["worker"] for m in relayed}) == 2    # each host's lock holder
+            assert all(f.store.seq - rows[f.address] >= 3 for f in feeds), \
+                {f.address: f.store.seq - rows[f.address] for f in feeds}
+            assert watch.collector.unread == 0 and watch.collector.errors == 0
+        finally:
+            assert nbmon.dask.unwatch() == {}
+
+
+@pytest.mark.parametrize("layout", [[1] * 1000, [8] * 125, [32] * 31 + [8], [250] * 4, [1] * 128, [4] * 3,
+                                    [1] * 4096])
+def test_the_whole_cluster_sends_the_scheduler_a_bounded_number_of_batches(layout):
+    """However the workers sit on hosts (``layout``: workers per host), the
+    hosts' batches reach the scheduler at most MAX_EVENTS_PER_S a second,
+    unless each already waits MAX_PERIOD_S; the periods from Dask's own
+    heartbeat intervals."""
+    from distributed.scheduler import heartbeat_interval
+
+    beat_s = heartbeat_interval(sum(layout))
+    rate = sum(1.0 / host_period_s(1.0, beat_s, workers) for workers in layout)
+    assert rate <= max(MAX_EVENTS_PER_S, len(layout) / MAX_PERIOD_S) * 1.0001, rate
+
+
+def test_a_worker_leaves_only_when_the_scheduler_says_so():
+    """Issue 32: any client's ``{'left': address}`` on the topic marked a
+    live worker gone. Now only the scheduler's own worker-removal hook
+    (the watch's roster, sealed) does: another client's word, and the
+    watch's own events replayed, change nothing."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
+            Client(lc, set_as_default=False) as client:
+        watch = nbmon.dask.watch(client, gpu=False)
+        try:
+            assert watch.ready(10)
+            a, b = watch.registered
+            with Client(lc.scheduler_address, set_as_default=False) as other:
+                replayed = [msg for _, msg in other.get_events(watch.topic)]   # any client may read them
+                for msg in [{"left": a}, {"left": b}, *replayed]:
+                    other.log_event(watch.topic, msg)
+                wait_until(lambda: watch.collector.unread >= 2 + len(replayed), timeout=20,
+                           what=lambda: f"{watch.collector.unread} events ignored")
+            feeds = watch.collector.feeds
+            assert feeds[a].state == feeds[b].state == "live", (feeds[a].state, feeds[b].state)
+            assert set(feeds) == {a, b}
+            client.retire_workers([b])   # the scheduler removes it
+            wait_until(lambda: feeds[b].state == "gone", timeout=20, what="the scheduler's word on b")
+            assert feeds[a].state == "live"
+        finally:
+            assert nbmon.dask.unwatch() == {}
+
+
+def test_a_workers_clock_ahead_is_bounded_to_its_batches_arrival(monkeypatch):
+    """Issue 32: a batch timed up to 299 s ahead was drawn in the future. A
+    worker (in this process) whose clock runs 299 s ahead: its rows stand at
+    their arrival, never later, and so does the view's x axis."""
+    import nbmon.dask.worker
+
+    monkeypatch.setattr(nbmon.dask.worker, "Monitor", functools.partial(Monitor, wall=lambda: time.time() + 299.0))
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as lc, \
+            Client(lc, set_as_default=False) as client:
+        watch = nbmon.dask.watch(client, system=False, gpu=False)
+        try:
+            feed = wait_until(lambda: next((f for f in watch.collector.workers() if f.store and len(f.store) >= 3),
+                                           None), timeout=20, what="three batches")
+            arrived = time.time()
+            t, wall, _ = feed.store.series([])
+            assert (wall <= arrived).all() and (t <= arrived - watch.collector.t0).all(), (wall - arrived, t)
+            view = ClusterView(watch, start=False)
+            seen = FrontEnd(view)
+            assert view.refresh(force=True)
+            assert max(seen.read().points["total cpu"][0]) <= time.time() - watch.collector.t0
+            view.close()
+        finally:
+            assert nbmon.dask.unwatch() == {}
+
+
+def test_figures_no_worker_can_report_are_refused(monkeypatch):
+    """Issue 32: values of 3e38 were taken. A worker (in this process) whose
+    source reports 3e38 MiB: its batches are refused, not a row of it is
+    kept, and the view says why."""
+    sample = ProcessTree.sample
+    monkeypatch.setattr(ProcessTree, "sample", lambda self, now: {**sample(self, now), "proc_rss_mb": 3e38})
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as lc, \
+            Client(lc, set_as_default=False) as client:
+        watch = nbmon.dask.watch(client, system=False, gpu=False)
+        try:
+            wait_until(lambda: watch.collector.unread >= 2, timeout=20, what="two batches refused")
+            assert "values no worker can report" in watch.collector.reason
+            assert not [f for f in watch.collector.workers() if f.store is not None]   # not a row taken
+            view = ClusterView(watch, start=False)
+            view.refresh(force=True)
+            assert "the last: a batch with values no worker can report" in " ".join(
+                note["text"] for note in view.widget._nbmon["layout"]["annotations"])
+            view.close()
+        finally:
+            assert nbmon.dask.unwatch() == {}
+
+
+def bad_batches(columns, wall: float) -> list[tuple[str, dict]]:
+    """(what, a process batch): what a broken worker, or someone else, might
+    send (the wire's form; ``columns`` are a worker's)."""
+    encoder = Encoder(columns, ident="bad")
+    rows = np.ones((len(columns), 4))
+    workers = {"tcp://fake:1": {"name": "fake"}}
+    header = encoder.header({"host": "nowhere", "pid": 1, "machine": False, "period_s": 1.0}, workers)
+
+    def batch(**changes):
+        encoder.seq = 0   # each the first of its process
+        msg = dict(encoder.encode(np.linspace(wall - 1, wall, 4), rows), h=header)
+        msg.update(changes)
+        return msg
+
+    return [
+        ("a worker address that is a number", batch(h={**header, "workers": {12345: {}}})),
+        ("no process", batch(i=None)),
+        ("a number that is text", batch(s="1")),
+        ("t = 1e300", batch(t=[1e300, 1e300])),
+        ("t = -1e300", batch(t=[-1e300, -1e300])),
+        ("t = NaN", batch(t=[float("nan"), float("nan")])),
+        ("t = text", batch(t="soon")),
+        ("an 8 MiB array", batch(g=b"\0" * (8 << 20))),
+        ("a short array", batch(g=b"\0" * 12)),
+        ("arrays as text", batch(g="abc", c="def")),
+        ("infinite values", dict(batch(), g=np.full(3 * 12, np.inf, dtype="<f4").tobytes())),
+        ("values of 3e38", dict(batch(), g=np.full(3 * 12, 3e38, dtype="<f4").tobytes())),
+        ("negative values", dict(batch(), g=np.full(3 * 12, -1.0, dtype="<f4").tobytes())),
+        ("a header of columns nbmon does not have", batch(h={**header, "cols": ["x" * 1000]})),
+        ("a header of 5,000 columns", batch(h={**header, "cols": ["proc_rss_mb"] * 5000})),
+        ("no header", {k: v for k, v in batch().items() if k != "h"}),
+    ]
+
+
+def test_what_the_key_sealed_is_checked_all_the_same():
+    """A host batch sealed with the watch's key (a worker with a bug, or a
+    clock off by more than five minutes): each bad process batch in it is
+    refused on its own, the good one beside it is taken, nothing raises."""
+    watch = Watch(None, Options())
+    columns = nbmon.catalog.names(nbmon.catalog.TREE)
+    assert len(columns) == 15 and sum(map(nbmon.dask.wire.is_counter, columns)) == 3   # 12 gauges, 3 per row
+    now = time.time()
+    bad = bad_batches(columns, now)
+    good = Encoder(columns, ident="good")
+    msg = dict(good.encode(np.linspace(now - 1, now, 4), np.ones((len(columns), 4))),
+               h=good.header({"host": "here", "pid": 2, "period_s": 1.0}, {"tcp://good:1": {"name": "good"}}))
+    watch.collector.handle(seal(watch.key, {"p": [pack(m) for _, m in bad] + [b"\x81", pack(msg)], "period_s": 1.0}),
+                           arrived=now)
+    assert watch.collector.unread == len(bad) + 1 and watch.collector.errors == 0
+    assert list(watch.collector.feeds) == ["tcp://good:1"]
+    assert watch.collector.feeds["tcp://good:1"].store.seq == 1
+
+
+def test_the_notebook_holds_its_share_per_worker_and_room_for_new_ones(monkeypatch):
+    """The workers' stores: 1 MiB each on small clusters, the 128 MiB shared
+    beyond (a watch started on 1,000 workers: 128 KiB each); at MAX_WORKERS
+    the workers that left first make room for new ones."""
+    small, large = Watch(None, Options()), Watch(None, Options())
+    synthetic_batches(small, 4, 1)
+    assert all(0.99 <= f.store.nbytes / dask_feeds.DEFAULT_WORKER_MAX_BYTES <= 1 for f in small.collector.workers())
+    large.collector.expected = 1000
+    synthetic_batches(large, 1000, 1)
+    sizes = [f.store.nbytes for f in large.collector.workers()]
+    assert len(sizes) == 1000 and max(sizes) <= dask_feeds.STORES_BYTES // 1000 and sum(sizes) <= dask_feeds.STORES_BYTES
+
+    monkeypatch.setattr(dask_feeds, "MAX_WORKERS", 6)
+    watch = Watch(None, Options())
+    synthetic_batches(watch, 6, 2)
+    for said, k in enumerate((4, 1), start=1):   # two leave (the scheduler's word)
+        watch.collector.handle(seal(watch.key, {"r": said, "left": f"tcp://10.0.0.{k}:4000"}))
+    synthetic_batches(watch, 9, 2)   # three more come: two take the room of those that left, the last finds none
+    assert sorted(watch.collector.feeds) == [f"tcp://10.0.{k // 8}.{k % 8}:4000" for k in (0, 2, 3, 5, 6, 7)]
+    assert watch.collector.unread == 2 and watch.collector.errors == 0   # the last one's two batches
+
+
 # -- the view at any size ----------------------------------------------------------
 
+_encoders: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # watch -> {worker: its process's Encoder}
+
+
 def synthetic_batches(watch, workers: int, seconds: int, every_s: float = 1.0) -> None:
-    """Feed ``watch`` the batches ``workers`` workers would send over ``seconds``
-    (real wire format, from rows of the tree's columns)."""
+    """Feed ``watch`` the batches ``workers`` workers (a process each, 8 per
+    host) would send over ``seconds``: real wire format, sealed with the
+    watch's key, numbered on from the last call's."""
     columns = nbmon.catalog.names(nbmon.catalog.TREE)
-    encoder = Encoder(columns)
+    encoders = _encoders.setdefault(watch, {})
     rng = np.random.default_rng(1)
     start = watch.collector.t0
     for k in range(workers):
-        header = encoder.header({"host": f"host{k // 8}", "name": f"w{k}", "pid": 1000 + k, "limit_mb": 200.0,
-                                 "spill": 0.7, "pause": 0.8, "machine": False, "peaks": "high-water marks", "gpu": "off"})
+        encoder = encoders.setdefault(k, Encoder(columns, ident=f"process{k}"))
+        header = encoder.header({"host": f"host{k // 8}", "pid": 1000 + k, "machine": False,
+                                 "peaks": "high-water marks", "gpu": "off", "period_s": every_s},
+                                {f"tcp://10.0.{k // 8}.{k % 8}:4000": {"name": f"w{k}", "limit_mb": 200.0,
+                                                                       "spill": 0.7, "pause": 0.8}})
         for s in range(seconds):
             wall = start + s * every_s + np.linspace(0.1, every_s, 10)
             samples = rng.random((len(columns), 10)) * 100 + k
-            msg = dict(encoder.encode(wall, samples), w=f"tcp://10.0.{k // 8}.{k % 8}:4000")
-            if s == 0:
+            msg = encoder.encode(wall, samples)
+            if msg["s"] == 0:
                 msg["h"] = header
-            watch.collector.handle(msg, arrived=wall[-1])
+            watch.collector.handle(seal(watch.key, {"p": [pack(msg)], "period_s": every_s}), arrived=wall[-1])
 
 
 def test_frames_stay_within_64_kib_and_large_clusters_are_compact():
@@ -357,7 +571,7 @@ def test_frames_stay_within_64_kib_and_large_clusters_are_compact():
             assert 0 < view.last_frame_bytes <= MAX_FRAME_BYTES
         for view in views:
             assert not view.refresh() and view.skipped == 1   # nothing new: nothing sent
-        watch.collector.handle({"left": "tcp://10.0.0.1:4000"})
+        watch.collector.handle(seal(watch.key, {"r": 1, "left": "tcp://10.0.0.1:4000"}))   # the scheduler's word
         watch.collector.handle({"something": "else"})   # someone else's event on the topic
         assert watch.collector.unread == 1
         for view in views:
@@ -370,6 +584,29 @@ def test_frames_stay_within_64_kib_and_large_clusters_are_compact():
     finally:
         for view in views:
             view.close()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_held_is_each_series_latest_value_at_or_before_each_edge(seed):
+    """The grid's lookup (one search for every worker): at each edge, each
+    series' value at its latest time at or before the edge, NaN when there
+    is none or it is older than the staleness; ties in time, empty series."""
+    rng = np.random.default_rng(seed)
+    series = []
+    for _ in range(rng.integers(0, 6)):
+        t = np.sort(rng.choice(np.arange(0.0, 30.0, 0.5), rng.integers(0, 20)))
+        series.append((np.repeat(t, 2) if seed % 3 == 0 else t, rng.random(len(t) * (2 if seed % 3 == 0 else 1))))
+    edges = np.sort(rng.uniform(-5, 35, rng.integers(1, 40)))
+    stale_s = (1.0, 3.0, math.inf)[seed % 3]
+    got = held(series, edges, stale_s)
+    assert got.shape == (len(series), len(edges))
+    for (t, v), row in zip(series, got):
+        for edge, value in zip(edges, row):
+            before = np.flatnonzero(t <= edge)
+            if not before.size or edge - t[before[-1]] > stale_s:
+                assert math.isnan(value)
+            else:
+                assert value == v[before[-1]]
 
 
 def test_refreshes_at_most_four_times_a_second_while_batches_pour_in():

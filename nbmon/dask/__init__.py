@@ -11,10 +11,14 @@ shows the cluster live (a watch's live view,
 package imports nothing of it). Each worker samples its own process tree
 (the worker and the processes its tasks start) with the local monitor's
 rules -- exact peak RSS, nanosecond CPU clocks -- and only the GPUs its
-``CUDA_VISIBLE_DEVICES`` lets it use; the machine is sampled once per host. Workers send one batch a second (min,
-max and mean of every field; on clusters of 50 workers and more, every 1.5
-Dask heartbeats) as Dask events; workers that join later are watched too,
-and ones that leave stay in the view with a marker.
+``CUDA_VISIBLE_DEVICES`` lets it use; the machine is sampled once per host.
+Each worker process makes one batch a second (min, max and mean of every
+field), and each host sends its processes' batches together, sealed with
+the watch's key, as one Dask event (less often on clusters of many hosts:
+:func:`nbmon.dask.worker.host_period_s`), so that the scheduler relays a
+message per host, not per worker. Workers that join later are watched
+too, and ones that leave (the scheduler says so) stay in the view with a
+marker.
 
 While a cluster is watched, ``%%resmon`` also summarises the cell on every
 worker, from exact spans opened and closed on the workers at the cell's
@@ -61,10 +65,11 @@ def watch(client, options: Options | None = None, *, every_s: float = 1.0,
     """Watch every worker of ``client``'s cluster; returns the Watch
     (:class:`nbmon.notebook.cluster.ClusterView` of it: a live view). ``options`` / ``settings`` as for a Monitor
     (``interval``, ``gpu``, ``children``, ``system``: the machine, once per
-    host). ``every_s`` seconds between a worker's batches (at least 1; more
-    on large clusters, as Dask spaces its heartbeats out);
-    ``worker_max_bytes`` bounds the notebook's store of each worker.
-    Watching the cluster already watched returns its Watch."""
+    host). ``every_s`` seconds between a worker process's batches (at least
+    1; a host sends its processes' together, that often, or less often on
+    clusters of many hosts); ``worker_max_bytes`` bounds the notebook's
+    store of each worker (beyond 128 workers they share 128 MiB:
+    :mod:`nbmon.dask.feeds`). Watching the cluster already watched returns its Watch."""
     global _watch
     distributed = _distributed()
     from .client import Watch
@@ -198,4 +203,4 @@ def samples():
     see :meth:`nbmon.dask.feeds.Collector.samples_frame`."""
     from .feeds import Collector
 
-    return (_watch.collector if _watch is not None else Collector()).samples_frame()
+    return (_watch.collector if _watch is not None else Collector(b"")).samples_frame()

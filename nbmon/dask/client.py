@@ -3,15 +3,18 @@
 A watch subscribes the notebook's Dask client to its own event topic, then
 registers two plugins: :class:`~nbmon.dask.worker.Roster` on the scheduler
 (joins and leaves) and :class:`~nbmon.dask.worker.NbmonPlugin` on every
-worker, present and future. The workers' batches land in a
-:class:`~nbmon.dask.feeds.Collector`. Every call to the cluster is bounded
-in time: a dead or stuck worker never holds the notebook.
+worker, present and future, each with the watch's key, which seals what
+they send (:mod:`nbmon.dask.wire`). The workers' batches land in a
+:class:`~nbmon.dask.feeds.Collector`, which opens only what the key
+sealed. Every call to the cluster is bounded in time: a dead or stuck
+worker never holds the notebook.
 """
 from __future__ import annotations
 
 import asyncio
 import math
 import os
+import secrets
 import time
 import uuid
 
@@ -37,7 +40,8 @@ class Watch:
                  worker_max_bytes: int = DEFAULT_WORKER_MAX_BYTES):
         self.client, self.options, self.every_s = client, options, every_s
         self.topic = f"nbmon-{uuid.uuid4().hex[:16]}"
-        self.collector = Collector(worker_max_bytes)
+        self.key = secrets.token_bytes(32)   # only the watch's plugins get it: through the scheduler, never on the topic
+        self.collector = Collector(self.key, worker_max_bytes)
         self.running = False
         self.registered: list[str] = []   # workers that had the plugin at start
 
@@ -45,14 +49,16 @@ class Watch:
     def address(self) -> str:
         return self.client.scheduler.address
 
-    def start(self, plugin: NbmonPlugin | None = None) -> "Watch":
+    def start(self) -> "Watch":
         client = self.client
         client.subscribe_topic(self.topic, self.collector.on_event)
         try:
-            roster = Roster(self.topic, client.id)
+            # The workers' stores are sized by how many there are: known before the first batch.
+            self.collector.expected = len(self._call(client.nthreads))
+            roster = Roster(self.topic, client.id, self.key)
             self._call(lambda: client.register_plugin(roster, name=roster.name))
             answers = self._call(lambda: client.register_plugin(
-                plugin or NbmonPlugin(self.topic, self.options.to_json(), self.every_s), name=self.topic))
+                NbmonPlugin(self.topic, self.options.to_json(), self.every_s, self.key), name=self.topic))
         except Exception as err:
             self._undo()
             raise RuntimeError(f"nbmon could not start on the cluster at {self.address}: "

@@ -1,32 +1,49 @@
-"""What a worker sends about itself: one small message per period.
+"""What goes over the wire: process batches, host batches, sealed envelopes.
 
-A worker samples at the monitor's interval (10 Hz by default) and sends,
-every second (less often on large clusters: see
-:data:`~nbmon.dask.worker.HEARTBEATS_PER_BATCH`), one *batch*: per field of its store the minimum,
-maximum and mean over the samples taken since the last batch (float32,
-packed as bytes: msgpack carries them as one binary blob), and for
-cumulative counters (catalog kind COUNTER) the last value (float64, they
-run into the billions). Column names travel in a *header* that rides on
-the first batch, then every ``HEADER_EVERY`` batches and whenever it
-changes, so a notebook that missed the first one catches up.
+A worker process samples at the monitor's interval (10 Hz by default) and
+makes, every period (a second by default), one *process batch*: per field
+of its store the minimum, maximum and mean over the samples taken since
+the last batch (float32, packed as bytes), and for cumulative counters
+(catalog kind COUNTER) the last value (float64, they run into the
+billions). The process's figures are its workers' (they share it). Its
+*header* -- the columns, the host, and each of its workers (address, name,
+memory limit) -- rides on the first batch, then every ``HEADER_EVERY``
+batches and whenever it changes. A process batch is msgpack bytes, packed
+once by the process that made it.
 
-On the notebook side each batch becomes one row of the worker's store,
-whose columns are the field (the mean, or the counter's last value) and,
-for other fields, ``min_<field>`` and ``max_<field>`` (:func:`store_columns`):
-the unit stays at the end of every name.
+The processes of one host hand their batches to the one that holds the
+host lock (:mod:`nbmon.dask.worker`), which sends them together: one
+*host batch* per host and period, the only thing the scheduler relays.
+
+Everything on the watch's topic is *sealed*: ``{"v", "b": body (msgpack
+bytes), "k": MAC}``, the MAC an HMAC-SHA256 of the body with the watch's
+key, which only the watch's own plugins hold. A body is a host batch
+``{"p": [process batch, ...], "period_s"}`` or the scheduler's word on a
+worker ``{"r": number, "joined" | "left": address}``. The notebook opens
+(:func:`opened`) only what the key sealed, so no other client of the
+scheduler can speak for a worker, and takes each numbered thing once.
+
+On the notebook side each process batch becomes one row of each of its
+workers' stores, whose columns are the field (the mean, or the counter's
+last value) and, for other fields, ``min_<field>`` and ``max_<field>``
+(:func:`store_columns`): the unit stays at the end of every name.
 
 No Dask here: the worker plugin, the collector and the benchmark share it.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 
 import numpy as np
 
 from .. import catalog
 from ..values import NAN
 
-VERSION = 1
+VERSION = 2
 HEADER_EVERY = 10
+MAC_BYTES = 16
+MAX_BODY_BYTES = 64 << 20   # an envelope's body: a host of thousands of processes stays below
 
 
 def is_counter(column: str) -> bool:
@@ -51,22 +68,64 @@ def shown_column(column: str) -> str:
     return column
 
 
-class Encoder:
-    """Turns a worker store's raw rows into batches."""
+# -- sealing -------------------------------------------------------------------------
 
-    def __init__(self, columns):
+def pack(body) -> bytes:
+    import msgpack
+
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def unpack(data: bytes):
+    import msgpack
+
+    return msgpack.unpackb(data, raw=False, strict_map_key=True)
+
+
+def _mac(key: bytes, body: bytes) -> bytes:
+    return hmac.digest(key, body, hashlib.sha256)[:MAC_BYTES]
+
+
+def seal(key: bytes, body) -> dict:
+    """The envelope of ``body`` (packed here unless it is bytes already) for the topic."""
+    data = body if isinstance(body, bytes) else pack(body)
+    return {"v": VERSION, "b": data, "k": _mac(key, data)}
+
+
+def opened(key: bytes, msg):
+    """The body of an envelope sealed with ``key``; ValueError (in words) for
+    anything else."""
+    if not isinstance(msg, dict) or msg.get("v") != VERSION:
+        raise ValueError("not an nbmon envelope (someone else's event on the topic)")
+    data, mac = msg.get("b"), msg.get("k")
+    if not isinstance(data, bytes) or not isinstance(mac, bytes) or len(data) > MAX_BODY_BYTES:
+        raise ValueError("not an nbmon envelope (someone else's event on the topic)")
+    if not hmac.compare_digest(_mac(key, data), mac):
+        raise ValueError("not sealed with the watch's key (someone else's event on the topic)")
+    return unpack(data)
+
+
+# -- batches -------------------------------------------------------------------------
+
+class Encoder:
+    """Turns a worker process's raw rows into batches; ``ident`` names the
+    process's batches (their numbers count from 0 for each ident)."""
+
+    def __init__(self, columns, ident: str = ""):
         self.columns = tuple(columns)
+        self.ident = ident
         counters = np.array([is_counter(c) for c in self.columns], dtype=bool)
         self._gauges, self._counters = ~counters, counters
         self.seq = 0
 
-    def header(self, about: dict) -> dict:
-        """A header: what the notebook needs to know of a worker, and the columns."""
-        return {**about, "cols": list(self.columns)}
+    def header(self, about: dict, workers: dict[str, dict]) -> dict:
+        """A header: what the notebook needs to know of the process (``about``),
+        each of its ``workers`` ({address: what it says of itself}), and the columns."""
+        return {**about, "workers": workers, "cols": list(self.columns)}
 
     def encode(self, wall: np.ndarray, rows: np.ndarray, end: bool = False) -> dict:
         """One batch of ``rows`` (fields x samples) taken at ``wall`` (epoch s);
-        ``end``: the worker's last one."""
+        ``end``: the process's last one."""
         valid = ~np.isnan(rows)
         count = valid.sum(axis=1)
         with np.errstate(all="ignore"):
@@ -74,7 +133,7 @@ class Encoder:
         stats = np.stack([np.fmin.reduce(rows, axis=1), np.fmax.reduce(rows, axis=1), mean])
         last_idx = rows.shape[1] - 1 - valid[:, ::-1].argmax(axis=1)
         last = np.where(count > 0, rows[np.arange(rows.shape[0]), last_idx], NAN)
-        msg = {"v": VERSION, "s": self.seq, "n": int(rows.shape[1]),
+        msg = {"i": self.ident, "s": self.seq, "n": int(rows.shape[1]),
                "t": [float(wall[0]), float(wall[-1])],
                "g": stats[:, self._gauges].astype("<f4").tobytes(),
                "c": last[self._counters].astype("<f8").tobytes()}
@@ -85,7 +144,7 @@ class Encoder:
 
 
 class Decoder:
-    """Turns batches of one worker (with ``columns``) into store rows."""
+    """Turns batches of one worker process (with ``columns``) into store rows."""
 
     def __init__(self, columns):
         self.columns = tuple(columns)

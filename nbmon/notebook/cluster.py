@@ -53,45 +53,73 @@ LINE_FROM = 0.5          # a memory threshold is drawn once a worker's memory re
 HEIGHT_PX, BOTTOM_PX, NOTE_PX = 560, 40, 16   # the chart; below its x axis; a line of notes below that
 MOST_LINES = 9           # threshold lines drawn at most
 _EMPTY = np.empty(0, dtype=np.float32)
+HOSTS_COLUMN = shown_column("sys_mem_used_mb")   # the hosts' memory, beside the workers' total
 
 
 def _label(feed) -> str:
     return feed.name if feed.name != feed.address else feed.address.rsplit("/", 1)[-1]
 
 
+def latest_at(times, edges: np.ndarray, stale_s: float) -> np.ndarray:
+    """(len(times), len(edges)): for each series of ``times`` (each sorted)
+    and each of ``edges`` (sorted), the index in the series concatenated of
+    its latest time at or before the edge, -1 when none is within
+    ``stale_s``. Each time is put at the first edge at or after it, the
+    latest one of a series at each edge kept, then carried forward."""
+    lengths = np.array([len(t) for t in times], dtype=np.intp)
+    at = np.full((len(times), len(edges)), -1, dtype=np.intp)
+    if not lengths.sum():
+        return at
+    flat = np.concatenate(times).astype(float, copy=False)
+    series = np.repeat(np.arange(len(times)), lengths)
+    bins = np.searchsorted(edges, flat, side="left")
+    last = np.append((series[1:] != series[:-1]) | (bins[1:] != bins[:-1]), True) & (bins < len(edges))
+    at[series[last], bins[last]] = np.flatnonzero(last)
+    np.maximum.accumulate(at, axis=1, out=at)   # a series' indices grow with its time
+    return np.where((at >= 0) & (edges - flat[np.maximum(at, 0)] <= stale_s), at, -1)
+
+
 def held(series, edges: np.ndarray, stale_s: float) -> np.ndarray:
     """(len(series), len(edges)): at each edge, each (t, v) series' latest
     value at or before it, NaN when none is within ``stale_s``."""
-    out = np.full((len(series), len(edges)), np.nan)
-    for i, (t, v) in enumerate(series):
-        idx = np.searchsorted(t, edges, side="right") - 1
-        ok = idx >= 0
-        j = idx[ok]
-        values = v[j].astype(float)
-        values[edges[ok] - t[j] > stale_s] = np.nan
-        out[i, ok] = values
-    return out
+    values = np.concatenate([*(np.asarray(v, dtype=float) for _, v in series), [np.nan]])
+    return values[latest_at([t for t, _ in series], edges, stale_s)]
 
 
-def across(matrix: np.ndarray, how: str) -> np.ndarray:
+def across(matrix: np.ndarray, *hows: str) -> np.ndarray | list[np.ndarray]:
     """Per column of ``matrix``: 'sum', 'mean', 'min', 'median' or 'max' of its
-    known values; NaN where it has none."""
+    known values; NaN where it has none. Several ``hows``: a list, in order."""
     known = (~np.isnan(matrix)).sum(axis=0)
-    cols = np.arange(matrix.shape[1])
+    out = []
     with np.errstate(all="ignore"):
-        if how in ("sum", "mean"):
-            total = np.where(np.isnan(matrix), 0.0, matrix).sum(axis=0)
-            out = total / known if how == "mean" else total
-        else:   # NaN sorts last: a column's known values lead it
-            ordered = np.sort(matrix, axis=0)
-            last = np.maximum(known - 1, 0)
-            if how == "min":
-                out = ordered[0]
-            elif how == "max":
-                out = ordered[last, cols]
+        for how in hows:
+            if how in ("sum", "mean"):
+                total = np.where(np.isnan(matrix), 0.0, matrix).sum(axis=0)
+                out.append(total / known if how == "mean" else total)
+            elif how in ("min", "max"):   # fmin and fmax skip NaN
+                out.append((np.fmin if how == "min" else np.fmax).reduce(matrix, axis=0) if len(matrix)
+                           else known * np.nan)
             else:
-                out = (ordered[last // 2, cols] + ordered[known // 2, cols]) / 2
-    return np.where(known > 0, out, np.nan)
+                out.append(_median(matrix, known))
+    out = [np.where(known > 0, o, np.nan) for o in out]
+    return out if len(hows) > 1 else out[0]
+
+
+def _median(matrix: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Each column's median of its ``known`` values (NaN sorts last: they lead
+    it). The columns where every row is known, nearly all of them once the
+    window is full, are partitioned, the others sorted."""
+    out = np.full(matrix.shape[1], np.nan)
+    full = known == len(matrix)
+    if len(matrix) and full.any():
+        middle = [(len(matrix) - 1) // 2, len(matrix) // 2]
+        ordered = np.partition(matrix[:, full], middle, axis=0)
+        out[full] = (ordered[middle[0]] + ordered[middle[1]]) / 2
+    if not full.all():
+        part, count = np.sort(matrix[:, ~full], axis=0), known[~full]
+        cols = np.arange(part.shape[1])
+        out[~full] = (part[np.maximum(count - 1, 0) // 2, cols] + part[count // 2, cols]) / 2
+    return out
 
 
 def notes(collector, feeds, most: int = 3) -> list[str]:
@@ -136,6 +164,10 @@ class ClusterView(LiveView):
         known = [f for f in self.collector.workers() if f.decoder is not None]   # headers are enough
         columns = {c for f in known for c in f.decoder.columns}
         self.rows = [row for row in ROWS if row.headline in columns or row.key in ("cpu", "memory")]
+        self._metrics = [catalog.BY_NAME[row.headline] for row in self.rows]
+        self._traced = [shown_column(row.headline) for row in self.rows]   # a worker's trace in each row
+        self._drawn_by: dict[int, tuple] = {}   # id(decoder) -> (decoder, what _grid reads of its workers)
+        self._read: dict[str, tuple] = {}       # worker -> (its store, seq read to, t, {column: values}) for _grid
         self.compact = len(known) >= COMPACT_AT
         self._build()
         if start:
@@ -253,16 +285,19 @@ class ClusterView(LiveView):
         if "memory" not in keys:
             return []
         xref, yref = self._axes[keys.index("memory")]
-        wanted: dict[tuple[str, float], None] = {}
-        for f in feeds:
-            limit = f.about.get("limit_mb")
-            if f.state != "live" or not limit:
+        # Each distinct setting once, not each worker's: a thousand workers share a few.
+        settings = {(f.about.get("limit_mb"), f.about.get("spill"), f.about.get("pause"))
+                    for f in feeds if f.state == "live"}
+        wanted: dict[tuple[str, float, float], None] = {}   # (kind, its fraction of the limit, MiB)
+        for limit, *fractions in settings:
+            if not limit:
                 continue
-            wanted[("memory limit", round(limit, 1))] = None
-            for name in ("spill", "pause"):
-                if f.about.get(name):
-                    wanted[(f"{name} {fmt(f.about[name] * 100, '%')}", round(limit * f.about[name], 1))] = None
-        shown = sorted(k for k in wanted if memory_now >= LINE_FROM * k[1])[:MOST_LINES]
+            wanted[("memory limit", 1.0, round(limit, 1))] = None
+            for name, fraction in zip(("spill", "pause"), fractions):
+                if fraction:
+                    wanted[(name, fraction, round(limit * fraction, 1))] = None
+        shown = sorted(("memory limit" if name == "memory limit" else f"{name} {fmt(fraction * 100, '%')}", value)
+                       for name, fraction, value in wanted if memory_now >= LINE_FROM * value)[:MOST_LINES]
         return [{"type": "line", "xref": f"{xref} domain", "x0": 0, "x1": 1, "yref": yref, "y0": value, "y1": value,
                  "line": {"width": 1, "dash": "dot", "color": LIMIT_COLOR},
                  "label": {"text": f"{name} {fmt(value, 'MiB')}", "textposition": "end", "font": {"size": 9}}}
@@ -280,7 +315,7 @@ class ClusterView(LiveView):
                 self.compact = True   # for good
             for f in feeds:
                 self._joined.setdefault(f.address, len(self._joined))
-            now = max([time.time() - self.collector.t0] + [f.store.latest()["t"] for f in feeds])
+            now = max([time.time() - self.collector.t0] + [f.t_last for f in feeds])
             period = max([self.watch.every_s] + [f.about.get("period_s", 0.0) for f in feeds])
             streams = self._streams(feeds)
             if force or streams != self.widget._nbmon.get("streams") \
@@ -298,36 +333,84 @@ class ClusterView(LiveView):
         self._seq, self._sent_at = seq, now_s
         return Frame(self._title(feeds, stopped=self.frozen), groups)
 
+    def _drawn(self, decoder) -> tuple[list[str], dict[str, list[tuple[int, str]]]]:
+        """What the grid reads of a worker with ``decoder``'s columns: the
+        store columns drawn, and per GPU row its (device, column) pairs.
+        Kept per decoder (the workers of a process share one)."""
+        kept = self._drawn_by.get(id(decoder))
+        if kept is None or kept[0] is not decoder:
+            present = set(decoder.store_columns)
+            columns = [c for c in (*self._traced, HOSTS_COLUMN) if c in present]
+            devices: dict[str, list[tuple[int, str]]] = {}
+            for c in decoder.columns:
+                device = catalog.split_device_column(c)
+                for row, metric in zip(self.rows, self._metrics):
+                    if device and metric.source == catalog.GPU and device[1] == metric.of:
+                        devices.setdefault(row.key, []).append((device[0], shown_column(c)))
+                        columns.append(shown_column(c))
+            kept = self._drawn_by[id(decoder)] = (decoder, columns, devices)
+        return kept[1], kept[2]
+
+    def _recent(self, feed, columns: list[str], t_from: float) -> tuple[np.ndarray, dict]:
+        """(t, {column: values}) of ``feed``'s ``columns`` from ``t_from`` on:
+        read from its store once, then only the rows it gained since."""
+        store, kept = feed.store, self._read.get(feed.address)
+        if kept is not None and kept[0] is store and kept[1] != store.seq:
+            t_new, _wall, rows, seq, lost = store.rows_since(kept[1])
+            kept = None if lost else (store, seq, np.concatenate([kept[2], t_new]),
+                                      {c: np.concatenate([v, rows[store.columns.index(c)]]) for c, v in kept[3].items()})
+        if kept is None or kept[0] is not store:
+            seq = store.seq   # before reading: a row appended meanwhile comes twice, never not at all
+            t, _wall, values = store.series(columns, t_from=t_from)
+            kept = (store, seq, t, values)
+        cut = int(np.searchsorted(kept[2], t_from))
+        if cut:
+            kept = (store, kept[1], kept[2][cut:], {c: v[cut:] for c, v in kept[3].items()})
+        self._read[feed.address] = kept
+        return kept[2], kept[3]
+
     def _grid(self, feeds, edges, stale_s: float) -> tuple[Group, float]:
         """The cluster's totals (and the compact view's bands) at each of
         ``edges``: each worker's latest value, held for at most ``stale_s``.
-        Each worker's store is read once, for the columns drawn. Also returns
-        the largest memory of a worker now."""
+        Each worker's store is read once, for the columns drawn; every
+        worker is looked up at every edge in one search. Also returns the
+        largest memory of a worker now."""
         t_from = edges[0] - stale_s
-        devices: dict[str, dict] = {}   # row key -> {(host, device index): (worker, column)}
-        read = {}
-        for f in feeds:
-            wanted = [shown_column(row.headline) for row in self.rows] + [shown_column("sys_mem_used_mb")]
-            for c in f.decoder.columns:
-                device = catalog.split_device_column(c)
-                for row in self.rows:
-                    metric = catalog.BY_NAME[row.headline]
-                    if device and metric.source == catalog.GPU and device[1] == metric.of:
-                        # each device once, however many workers may use it
-                        devices.setdefault(row.key, {}).setdefault((f.host, device[0]), (f.address, shown_column(c)))
-                        wanted.append(shown_column(c))
-            t, _wall, values = f.store.series([c for c in wanted if c in f.store.columns], t_from=t_from)
-            read[f.address] = (t, values)
+        devices: dict[str, dict] = {}   # row key -> {(host, device index): (worker's index, column)}
+        times, reads = [], []
+        for i, f in enumerate(feeds):
+            columns, drawn = self._drawn(f.decoder)
+            t, values = self._recent(f, columns, t_from)
+            times.append(t)
+            reads.append(values)
+            for key, pairs in drawn.items():
+                for device, column in pairs:   # each device once, however many workers may use it
+                    devices.setdefault(key, {}).setdefault((f.host, device), (i, column))
+        # Edges by workers, so that each edge's workers lie together: a
+        # statistic across workers (a sort for the median) reads them in a row.
+        if len(self._read) > len(feeds):   # workers the collector let go (MAX_WORKERS)
+            self._read = {f.address: self._read[f.address] for f in feeds if f.address in self._read}
+        at = np.ascontiguousarray(latest_at(times, edges, stale_s).T)
+        flat: dict[str, np.ndarray] = {}
 
-        def matrix(pairs):
-            return held([(read[a][0], read[a][1][c]) for a, c in pairs if c in read[a][1]], edges, stale_s)
+        def column(c: str) -> np.ndarray:
+            """``c`` of every worker, laid out as ``at`` counts (NaN where a
+            worker has none), and a NaN last for -1."""
+            if c not in flat:
+                flat[c] = np.concatenate([*(r[c] if c in r else np.full(len(t), np.nan)
+                                            for t, r in zip(times, reads)), [np.nan]])
+            return flat[c]
+
+        def having(c: str) -> np.ndarray:
+            """(workers that have ``c``, edges): their value at each edge."""
+            return column(c)[at[:, [i for i, r in enumerate(reads) if c in r]]].T
 
         ids, ys, memory_now = [], [], 0.0
-        for row in self.rows:
-            metric = catalog.BY_NAME[row.headline]
-            workers = matrix([(f.address, shown_column(row.headline)) for f in feeds])
-            total = across(matrix(devices.get(row.key, {}).values()), metric.total) \
-                if metric.source == catalog.GPU else across(workers, "sum")
+        for row, metric, shown in zip(self.rows, self._metrics, self._traced):
+            workers = having(shown)
+            pairs = list(devices.get(row.key, {}).values())
+            total = across(np.array([column(c)[at[:, i]] for i, c in pairs]).reshape(len(pairs), len(edges)),
+                           metric.total) if metric.source == catalog.GPU else across(workers, "sum")
             ids.append(f"total {row.key}")
             ys.append(total)
             known = total[~np.isnan(total)]
@@ -335,11 +418,10 @@ class ClusterView(LiveView):
             if row.key == "memory":
                 memory_now = float(np.nanmax(workers[:, -1], initial=0.0)) if workers.size else 0.0
                 ids.append("hosts")
-                ys.append(across(matrix([(f.address, shown_column("sys_mem_used_mb")) for f in feeds]), "sum"))
+                ys.append(across(having(HOSTS_COLUMN), "sum"))
             if self.compact:
-                for stat in BANDS:
-                    ids.append(f"{stat} {row.key}")
-                    ys.append(across(workers, stat))
+                ids += [f"{stat} {row.key}" for stat in BANDS]
+                ys += across(workers, *BANDS)
         return Group(ids, edges, ys, replace=True), memory_now
 
     def _workers(self, feeds, force: bool, room: int) -> list[Group]:
@@ -420,7 +502,7 @@ class ClusterView(LiveView):
         """The cluster's totals over the whole watch, a strip per row."""
         if not feeds:
             return None
-        edges = np.linspace(0.0, max(f.store.latest()["t"] for f in feeds), GRID_POINTS)
+        edges = np.linspace(0.0, max(f.t_last for f in feeds), GRID_POINTS)
         colors = row_colors([row.headline for row in self.rows])
         strips = []
         for row in self.rows:

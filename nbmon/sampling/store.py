@@ -167,7 +167,7 @@ class Store:
             raise ValueError(f"duplicate column name(s) {', '.join(map(repr, dups))}")
         row_bytes = 8 * (len(self.columns) + 2)
         rows = max_bytes // row_bytes
-        if rows < 8 * BUCKET:  # say what would do, not only that this does not
+        if max_bytes < self.least_bytes(len(self.columns)):  # say what would do, not only that this does not
             raise ValueError(f"max_bytes must hold at least {8 * BUCKET} samples ({8 * BUCKET * row_bytes} "
                              f"bytes for {len(self.columns)} columns), got {max_bytes!r}")
         step = 2 * BUCKET
@@ -190,6 +190,11 @@ class Store:
         self._lock = threading.Lock()
         self.nbytes = (self._data.nbytes + self._t.nbytes + self._wall.nbytes
                        + self._cdata.nbytes + self._ct.nbytes + self._cwall.nbytes)
+
+    @staticmethod
+    def least_bytes(columns: int) -> int:
+        """The smallest ``max_bytes`` a store of ``columns`` columns takes."""
+        return 8 * BUCKET * 8 * (columns + 2)
 
     def __len__(self) -> int:
         return self._n + self._cn
