@@ -28,7 +28,7 @@ MODULES = sorted(dotted(p) for p in PACKAGE.rglob("*.py"))
 # Data flows one way: sources -> sampler -> store -> consumers -> outer
 # layers. A module may import only modules listed before it.
 LAYERS = (
-    "values", "catalog", "options", "format", "render", "faults", "runtime", "files", "launch",
+    "values", "catalog", "options", "format", "variables", "render", "faults", "runtime", "files", "launch",
     "sources.procfs", "sources.memory", "sources.pstree", "sources.peaks", "sources.cgroup",
     "sources.proctree", "sources.machine",
     "sources.nvml", "sources.gpus", "sources",
@@ -36,7 +36,7 @@ LAYERS = (
     "blackbox", "memwarn", "postmortem", "engine",
     "dask.wire", "dask.feeds", "dask.worker", "dask.client", "dask",
     "compat.calibrax", "compat.scaffold", "compat",
-    "notebook.frames", "notebook.charts", "notebook.live", "notebook.pages", "notebook.meter",
+    "notebook.namespace", "notebook.frames", "notebook.charts", "notebook.live", "notebook.pages", "notebook.meter",
     "notebook.dashboard", "notebook.cluster", "notebook.host", "notebook.remote", "notebook.serve",
     "notebook.session", "notebook.magics", "notebook",
     "ranks", "cli", "demo",
