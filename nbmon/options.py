@@ -140,7 +140,9 @@ class Options:
     process is their subreaper (``nbmon run``). ``memory_warning_percent``:
     the notebook tells the running cell once when the container's memory
     reaches this share of its limit (without a limit: when the machine's
-    used memory does); None: never (:mod:`nbmon.postmortem.memwarn`).
+    used memory does); None: never (:mod:`nbmon.postmortem.memwarn`). ``variables``:
+    in a notebook, the kernel sizes its variables at each cell's end, for
+    the cell's record and the black box (:mod:`nbmon.notebook.namespace`).
     """
 
     interval: float = option(DEFAULT_INTERVAL_S, check_interval, Flag(
@@ -162,6 +164,9 @@ class Options:
         "--memory-warning", "warn the running cell once the container's memory reaches P percent of its limit "
                             f"(without one: the machine's); default {DEFAULT_MEMORY_WARNING_PERCENT:g}, off: never",
         "P", parse=_percent_text, offered=(MAGIC,)))
+    variables: bool = option(True, check_bool, Flag(
+        "--no-variables", "do not size the notebook's variables at each cell's end (what grew, what the "
+                          "post-mortem names)", offered=(MAGIC,)))
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

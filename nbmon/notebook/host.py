@@ -22,6 +22,7 @@ open dashboard costs next to nothing while nothing runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -40,6 +41,7 @@ from ..sampling.store import BUCKET, Store
 from ..report.summary import ResourceSummary, headline, summarize
 from ..report.records import CellRecord
 from ..values import NAN
+from ..report.variables import Variables
 from .charts import Record, record_timeline
 
 MAX_RECORDS = 10_000   # cells the history keeps: the oldest go first
@@ -163,7 +165,15 @@ class SessionHost:
             out.update(running=monitor.running, interval=monitor.interval, pid=monitor.pid, peaks=monitor.peaks,
                        gpu_state=monitor.gpu_state, gpu_count=monitor.gpu_count,
                        samples=monitor.store.seq if monitor.store is not None else 0)
+        out["variables"] = self.sizing()
         return out
+
+    def sizing(self) -> bool:
+        """Whether the kernel should size its variables at each cell's end:
+        a monitor runs, with ``variables`` on (the kernel learns it from
+        the answers that start or stop one)."""
+        monitor = self.monitor
+        return monitor is not None and monitor.running and monitor.options.variables
 
     def stop(self) -> dict:
         """Stop the monitor: each live view's final outputs (its static
@@ -186,11 +196,13 @@ class SessionHost:
         return {"views": finals, "summary": bundle(summary) if summary is not None else None,
                 "run": summary.to_dict() if summary is not None else None}
 
-    def stop_auto(self) -> None:
-        """Auto mode ended: the monitor stops if auto mode started it and no view shows it."""
+    def stop_auto(self) -> bool:
+        """Auto mode ended: the monitor stops if auto mode started it and no
+        view shows it. Whether the kernel still sizes its variables."""
         if self._owner == "auto" and not self.views and self.monitor is not None:
             self.monitor.stop()
             self._owner = ""
+        return self.sizing()
 
     def summary(self) -> dict | None:
         return self.monitor.summary().to_dict() if self.monitor is not None else None
@@ -225,8 +237,13 @@ class SessionHost:
                 keep_cells(self.bands, now, max(view.window_s for view, *_ in self.views))
                 self.bands.append({"id": uuid.uuid4().hex[:12], "n": number, "label": label, "t0": now, "t1": None})
 
-    def cell_finished(self, number: int | None) -> None:
+    def cell_finished(self, number: int | None, variables: dict | None = None) -> None:
+        """The kernel's post_run_cell; ``variables``: its namespace at the
+        cell's end (:meth:`Variables.to_dict`), for the black box, unless
+        the cell's own close brought them."""
         self.note.finished()
+        if variables is not None:
+            self.note.hold(Variables.from_dict(variables).for_box(number))
         monitor = self.monitor
         if monitor is None:
             return
@@ -260,7 +277,8 @@ class SessionHost:
             cell.timer.daemon = True
             cell.timer.name = "nbmon-meter"
             cell.timer.start()
-        return {"token": self._tokens, "t_open": span.t_open, "start_time": record.start_time, "meter_id": meter_id}
+        return {"token": self._tokens, "t_open": span.t_open, "start_time": record.start_time, "meter_id": meter_id,
+                "variables": self.sizing()}
 
     def _show_meter(self, cell: _OpenCell, meter_id: str) -> None:
         from .meter import Meter, MeterFeed
@@ -273,9 +291,11 @@ class SessionHost:
             self.outlet.show(meter_id, bundle(cell.meter))
 
     def cell_close(self, token: int, status: str = "ok", *, show: str = "", extra_html: str = "",
-                   number: int | None = None) -> dict:
+                   number: int | None = None, variables: dict | None = None) -> dict:
         """A monitored cell ended with ``status``; kept in the history unless
-        shorter than its ``min_duration_s``. The answer says whether it was
+        shorter than its ``min_duration_s``; ``variables``: the kernel's
+        namespace at its end (:meth:`Variables.to_dict`), for its summary
+        and the black box. The answer says whether it was
         kept, its duration, whether its meter showed (``meter_shown``), and
         for ``show`` "summary" its summary (a dict), for "record" that and
         its record's outputs (``extra_html`` added to the table), for "line"
@@ -293,6 +313,9 @@ class SessionHost:
         record.status = status
         if number is not None:   # auto mode's cells: the prompt number as the front end got it
             record.execution_count = number
+        if variables is not None:
+            record.variables = Variables.from_dict(variables)
+            self.note.hold(record.variables.for_box(record.execution_count))
         if cell.span.window.closed is None:
             self.monitor.sample_now()   # the cell's last sample
         record.stats = cell.span.window.close()
@@ -320,7 +343,8 @@ class SessionHost:
 
     def _summarize(self, record: CellRecord) -> None:
         if record.summary is None:
-            record.summary = summarize(record.stats)
+            record.summary = dataclasses.replace(summarize(record.stats), variables=record.variables)
+            record.variables = None
             if self.records and self.records[-1] is record:
                 self.last = record.summary
 
@@ -373,12 +397,14 @@ class SessionHost:
         from .dashboard import Dashboard
 
         monitor, self._unstarted = self._monitor(options, "view")
+        sizing = monitor.options.variables   # once view_start() has started it
         view = Dashboard(monitor, window_s=window_s, cells=self.bands, build=False, start=False)
         table_id, picture_id = uuid.uuid4().hex, uuid.uuid4().hex
         if self.kernel:
             view.handle, view.picture_handle = _Handle(self.outlet, table_id), _Handle(self.outlet, picture_id)
         self.views.append((view, table_id, picture_id))
-        return {"ids": [table_id, picture_id], "table": bundle(view), "picture": bundle(view.picture())}
+        return {"ids": [table_id, picture_id], "table": bundle(view), "picture": bundle(view.picture()),
+                "variables": sizing}
 
     def view_start(self) -> None:
         """Start the newest view, and the monitor it was made for."""

@@ -8,7 +8,6 @@ host updates them later.
 from __future__ import annotations
 
 import ast
-import os
 import sys
 
 from IPython.core.error import UsageError
@@ -220,9 +219,13 @@ class ResmonMagics(Magics):
             if info["running"] and hasattr(args, "interval") and options.interval != info["interval"]:
                 print(f"nbmon: already sampling every {info['interval']:g} s; "
                       f"%resmon stop first to change the interval")
+            if info["running"] and hasattr(args, "variables") and options.variables != info["variables"]:
+                print(f"nbmon: already running with the variables {'' if info['variables'] else 'not '}sized; "
+                      f"%resmon stop first to change it")
             # The record shows at once, before the sampler starts (its first
             # figures and the chart follow from the host).
             view = host.view_open(options_dict(options), window)
+            SESSION.sizes.watch(view["variables"])
             for bundle, display_id in zip((view["table"], view["picture"]), view["ids"]):
                 _show(bundle, display_id)
             host.view_start()
@@ -238,6 +241,7 @@ class ResmonMagics(Magics):
         self._unwatch_cluster()
         if SESSION.host is None:
             return
+        SESSION.sizes.watch(False)
         try:
             got = SESSION.host.stop()
         except Exception as err:  # noqa: BLE001
@@ -259,28 +263,36 @@ class ResmonMagics(Magics):
         if self.auto_threshold_s is not None and not source.lstrip().startswith("%%resmon"):
             # Cells shorter than the threshold are neither shown nor kept in the history.
             try:
-                self._auto_cell = SESSION.host.cell_open(number=self.shell.execution_count,
-                                                         min_duration_s=self.auto_threshold_s)["token"]
+                opened = SESSION.host.cell_open(number=self.shell.execution_count,
+                                                min_duration_s=self.auto_threshold_s)
             except Exception as err:  # noqa: BLE001
                 _said(err)
+            else:
+                self._auto_cell = opened["token"]
+                SESSION.sizes.watch(opened["variables"])
+        SESSION.sizes.cell_started(self.shell)
 
     def _cell_finished(self, result) -> None:
         if SESSION.host is None:
             return
+        variables = SESSION.sizes.cell_ended(self.shell)   # None if the cell's own %%resmon sent them
+        SESSION.sizes.cell_finished()
         if self._auto_cell is not None:
             token, self._auto_cell = self._auto_cell, None
             error = result.error_in_exec or result.error_before_exec
             status = "ok" if error is None else "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
             try:
-                closed = SESSION.host.cell_close(token, status, show="line", number=result.execution_count)
+                closed = SESSION.host.cell_close(token, status, show="line", number=result.execution_count,
+                                                 variables=variables)
             except Exception as err:  # noqa: BLE001
                 _said(err)
             else:
+                variables = None   # the cell's close brought them
                 if closed.get("line"):
                     display({"text/html": f'<div class="nbmon-oneline" style="font:12px system-ui;'
                                           f'color:var(--jp-ui-font-color2, #555)">{_escape(closed["line"])}</div>',
                              "text/plain": closed["line"]}, raw=True)
-        SESSION.notify("cell_finished", result.execution_count)
+        SESSION.notify("cell_finished", result.execution_count, variables)
 
     # -- a Dask cluster (nbmon.dask) -------------------------------------
     def _watch_cluster(self, name: str, options: Options, window: float) -> None:
@@ -336,6 +348,8 @@ class ResmonMagics(Magics):
             _said(err)
             value = self._run_users_cell(cell, number)
             return None if args.output else value
+        SESSION.sizes.watch(opened["variables"])
+        SESSION.sizes.ready(shell)   # what the cell changes: the namespace before it, if not known
         dask_cell, record = _dask_cell(opened, args.label, number)
         status, summary = "ok", None
         try:
@@ -361,8 +375,9 @@ class ResmonMagics(Magics):
 
             extra = cell_html(record)
         show = "record" if not args.quiet else "summary" if args.output else ""
+        variables = SESSION.sizes.cell_ended(self.shell)
         try:
-            closed = host.cell_close(opened["token"], status, show=show, extra_html=extra)
+            closed = host.cell_close(opened["token"], status, show=show, extra_html=extra, variables=variables)
         except Exception as err:  # noqa: BLE001
             _said(err)
             return None
@@ -406,7 +421,7 @@ class ResmonMagics(Magics):
         if value == "on":
             self.auto_threshold_s = threshold
             try:
-                SESSION.host_for(backend).start(options_dict(options), owner="auto")
+                SESSION.sizes.watch(SESSION.host_for(backend).start(options_dict(options), owner="auto")["variables"])
             except Exception as err:  # noqa: BLE001
                 self.auto_threshold_s = None
                 _said(err)
@@ -425,7 +440,7 @@ class ResmonMagics(Magics):
                         _said(err)
                 if SESSION.host is not None:
                     try:
-                        SESSION.host.stop_auto()
+                        SESSION.sizes.watch(SESSION.host.stop_auto())
                     except Exception as err:  # noqa: BLE001
                         _said(err)
                 if not quiet:

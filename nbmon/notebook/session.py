@@ -18,6 +18,7 @@ import sys
 from ..launch import check_room
 from ..options import Options
 from ..report.summary import ResourceSummary
+from .namespace import CellSizes
 
 # Where the session runs by default: a helper process, where one can run.
 DEFAULT_BACKEND = "process" if sys.platform.startswith("linux") else "thread"
@@ -50,6 +51,7 @@ class Session:
         self.kernel = False     # the outputs are in a kernel's front end (not a terminal)
         self.outlet = Outlet()
         self.why_local = ""     # why the session runs in the kernel, where a helper was wanted
+        self.sizes = CellSizes()   # the kernel's variables, sized at the cells' ends while a monitor asks
 
     @property
     def remote(self) -> bool:
@@ -122,10 +124,12 @@ class Session:
     def stop(self) -> ResourceSummary | None:
         """Stop the session's monitor (its views become their records); its run's summary, or None."""
         got = self.host.stop()["run"] if self.host is not None else None
+        self.sizes.watch(False)
         return ResourceSummary.from_dict(got) if got is not None else None
 
     def close(self) -> None:
         host, self.host = self.host, None
+        self.sizes.watch(False)
         if getattr(host, "REMOTE", False):
             host.bye()
         elif host is not None:
@@ -191,7 +195,7 @@ def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = F
     check_outputs(outputs, overwrite, "pass overwrite=True to replace it")
     outputs = anchored(outputs)   # the host's cwd is /
     host = SESSION.host_for(backend)
-    host.start(options_dict(options), outputs, overwrite)
+    SESSION.sizes.watch(host.start(options_dict(options), outputs, overwrite)["variables"])
     handle = SESSION.monitor
     for consumer in consumers:
         handle.attach(consumer)

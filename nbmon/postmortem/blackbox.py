@@ -8,7 +8,7 @@ directory of :mod:`nbmon.private`; never a shared one). It is removed when
 the monitor stops or the kernel exits normally; a box whose kernel is gone
 is what a death leaves behind.
 
-The file has a fixed size (7,936 bytes for its 8 fields) and is only ever
+The file has a fixed size (8,184 bytes for its 8 fields) and is only ever
 written in place with ``pwrite``, each part with its own CRC-32:
 
 - a header (2,048 bytes): ``NBMONBOX``, the JSON's length and CRC, and a
@@ -19,7 +19,11 @@ written in place with ``pwrite``, each part with its own CRC-32:
 - the running cell (256 bytes): CRC, change count, prompt number, running
   or not, when it started, its label;
 - a ring of 64 records, one a second: CRC, sequence number, wall time, one
-  float64 per field (NaN: unknown).
+  float64 per field (NaN: unknown);
+- the variables held (248 bytes): CRC, change count, length, and a JSON
+  object: the largest variables of the kernel's namespace as of the last
+  cell that ended (:meth:`nbmon.report.variables.Variables.for_box`), so that the
+  post-mortem says what was large before the fatal cell.
 
 A record holds its second's statistic of each field over every sample taken
 in it (the highest memory, the lowest available memory, the mean CPU), so a
@@ -51,7 +55,8 @@ from .. import catalog
 from ..private import open_private, pid_started, private_dir
 from ..sources.procfs import BUDGET
 
-VERSION = 1
+VERSION = 2               # 2: the variables held
+VERSIONS = (1, VERSION)   # read back: a box of nbmon before 2 (no variables held) still tells its death
 MAGIC = b"NBMONBOX"
 HEADER_SIZE = 2048
 CELL_SIZE = 256
@@ -60,12 +65,15 @@ RECORD_EVERY_S = 1.0
 CHECK_EVERY_S = 0.25       # near the warning threshold: the record rewritten this often
 MAX_FIELDS = 16
 LABEL_BYTES = 200
+HELD_SIZE = 248            # the box stays under 8 KiB
+NAME_CHARS = 24            # a variable's name in the box: longer ones lose their middle
 SUFFIX = ".box"
 NOTEBOOK_HASH = "notebook_sha256"   # in a header whose notebook name had to be cut: the whole name's
 
 _HEAD = struct.Struct("<8sII")          # magic, JSON length, JSON CRC
 _CELL = struct.Struct("<IQqBdH")        # CRC, change count, number, running, started, label length
 _RECORD_HEAD = struct.Struct("<IIQd")   # CRC, unused, sequence number, wall time
+_HELD = struct.Struct("<IQH")           # CRC, change count, JSON length
 
 
 def _tree_memory() -> str:
@@ -93,8 +101,12 @@ def record_struct(fields: int) -> struct.Struct:
     return struct.Struct(_RECORD_HEAD.format + "d" * fields)
 
 
-def box_size(fields: int) -> int:
+def _ring_end(fields: int) -> int:
     return HEADER_SIZE + CELL_SIZE + SLOTS * record_struct(fields).size
+
+
+def box_size(fields: int, version: int = VERSION) -> int:
+    return _ring_end(fields) + (HELD_SIZE if version >= 2 else 0)
 
 
 class BadBox(ValueError):
@@ -148,13 +160,16 @@ IDLE = Cell(None, "", False, math.nan)
 
 
 class CellNote:
-    """The kernel's running cell, as the notebook's cell hooks tell it. The
-    open boxes write each change at once: a cell that dies at its first
-    allocation is still the one named."""
+    """The kernel's running cell, as the notebook's cell hooks tell it, and
+    its largest variables as the last cell ended. The open boxes write each
+    change at once: a cell that dies at its first allocation is still the
+    one named."""
 
     def __init__(self):
         self.cell = IDLE
         self.changes = 0
+        self.held: dict | None = None   # the variables held as of the last cell that ended
+        self.held_changes = 0
         self._boxes: "weakref.WeakSet[BlackBox]" = weakref.WeakSet()
 
     def started(self, number: int | None, label: str) -> None:
@@ -168,6 +183,14 @@ class CellNote:
         """The running cell's identity (number, start), None between cells."""
         cell = self.cell
         return (cell.number, cell.started) if cell.running else None
+
+    def hold(self, held: dict) -> None:
+        """The kernel's largest variables as a cell ended (plain data:
+        :meth:`nbmon.report.variables.Variables.for_box`); the open boxes write them now."""
+        self.held = held
+        self.held_changes += 1
+        for box in list(self._boxes):
+            box.write_held()
 
     def watch(self, box: "BlackBox") -> None:
         self._boxes.add(box)
@@ -222,6 +245,36 @@ def encode_record(layout: struct.Struct, seq: int, wall: float, values) -> bytes
     return struct.pack("<I", _crc(body)) + body
 
 
+def encode_held(held: dict, changes: int) -> bytes:
+    """The variables' section: as many of the largest as fit, names shortened."""
+    largest = [[_short(v[0]), *v[1:]] for v in held.get("largest", [])]
+    room = HELD_SIZE - _HELD.size
+    while True:   # without any, a few numbers: they fit
+        text = json.dumps({**held, "largest": largest}, separators=(",", ":")).encode()
+        if len(text) <= room or not largest:
+            break
+        largest.pop()
+    body = _HELD.pack(0, changes, len(text))[4:] + text
+    return (struct.pack("<I", _crc(body)) + body).ljust(HELD_SIZE, b"\0")
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= NAME_CHARS else name[:11] + "\u2026" + name[-12:]
+
+
+def _decode_held(chunk: bytes) -> dict | None:
+    """The variables' section's JSON object; None if never written, damaged or not an object."""
+    crc, _changes, length = _HELD.unpack_from(chunk)
+    end = _HELD.size + length
+    if length == 0 or end > len(chunk) or _crc(chunk[4:end]) != crc:
+        return None
+    try:
+        held = json.loads(chunk[_HELD.size:end])
+    except ValueError:
+        return None
+    return held if isinstance(held, dict) else None
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     seq: int
@@ -233,13 +286,15 @@ class Record:
 class Box:
     """A black box as read back: ``header`` (validated: pid, started, boot,
     pid_ns, uid, created, notebook, cwd, host, cgroup, fields), the ``cell``,
-    the ``records`` oldest first, and how many slots failed their checksum."""
+    the ``records`` oldest first, how many slots failed their checksum, and
+    the variables ``held`` as of the last cell that ended (None: unknown)."""
 
     path: str
     header: dict
     cell: Cell
     records: tuple[Record, ...]
     damaged: int
+    held: dict | None = None
 
 
 _HEADER_TYPES = {"version": int, "pid": int, "started": int, "boot": str, "pid_ns": str, "uid": int,
@@ -262,8 +317,9 @@ def decode(data: bytes, path: str = "") -> Box:
         raise BadBox("its header is not JSON") from None
     header = _checked_header(header)
     layout = record_struct(len(header["fields"]))
-    if len(data) != box_size(len(header["fields"])):
-        raise BadBox(f"{len(data)} bytes, not {box_size(len(header['fields']))}: truncated or grown")
+    size = box_size(len(header["fields"]), header["version"])
+    if len(data) != size:
+        raise BadBox(f"{len(data)} bytes, not {size}: truncated or grown")
     cell = _decode_cell(data[HEADER_SIZE:HEADER_SIZE + CELL_SIZE])
     records, damaged = [], 0
     for slot in range(SLOTS):
@@ -280,13 +336,14 @@ def decode(data: bytes, path: str = "") -> Box:
     # A ring holds one record per sequence number of its last SLOTS: older ones are leftovers.
     newest = records[-1].seq if records else 0
     records = [r for r in records if r.seq > newest - SLOTS]
-    return Box(path, header, cell, tuple(records), damaged)
+    held = _decode_held(data[_ring_end(len(header["fields"])):]) if header["version"] >= 2 else None
+    return Box(path, header, cell, tuple(records), damaged, held)
 
 
 def _checked_header(header) -> dict:
     if not isinstance(header, dict):
         raise BadBox("its header is not a JSON object")
-    if header.get("version") != VERSION:
+    if header.get("version") not in VERSIONS:
         raise BadBox(f"written by another version of nbmon (box version {header.get('version')!r})")
     for key, kind in _HEADER_TYPES.items():
         value = header.get(key)
@@ -487,6 +544,8 @@ class BlackBox:
         self.cell.watch(self)
         _open_boxes.add(self)
         self._write_cell_locked()
+        if self.cell.held is not None:
+            self._write_held_locked()
 
     def _fold_container(self) -> None:
         reading = self.memory.container if self.memory is not None else None
@@ -524,17 +583,27 @@ class BlackBox:
 
     def write_cell(self) -> None:
         """Write the running cell now (called from the cell hooks' thread)."""
+        self._write_now(self._write_cell_locked)
+
+    def write_held(self) -> None:
+        """Write the variables held now (called as a cell ends)."""
+        self._write_now(self._write_held_locked)
+
+    def _write_now(self, write) -> None:
         with self._lock:
             if self.path is None or self._broken:
                 return
             try:
-                self._write_cell_locked()
+                write()
             except OSError as err:
                 self._error = err   # said at the next consume, on the monitor's thread
                 self._close_locked()
 
     def _write_cell_locked(self) -> None:
         self._pwrite(encode_cell(self.cell.cell, self.cell.changes), HEADER_SIZE)
+
+    def _write_held_locked(self) -> None:
+        os.pwrite(self._fd, encode_held(self.cell.held, self.cell.held_changes), _ring_end(len(NAMES)))
 
     def _close_locked(self) -> None:
         fd, path = self._fd, self.path

@@ -41,7 +41,7 @@ import re
 import socket
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import catalog
 from .blackbox import (NOTEBOOK_HASH, SUFFIX, BadBox, Box, Cell, boot_id, box_dir, notebook_hash, notebook_name,
@@ -50,6 +50,7 @@ from ..format import fmt, one_line, printable
 from ..report.render import html_table, text_table
 from ..private import alive
 from ..sources.cgroup import Cgroup
+from ..report.variables import held_before
 
 KEEP_S = 7 * 86400.0
 KEEP_DEAD = 16
@@ -67,7 +68,9 @@ class Death:
     value})``, oldest first. It shows as a table (``str()``: as text); at
     ``%load_ext nbmon`` the notebook shows it as a record like a
     ``%%resmon`` cell's, with the timeline of ``records``
-    (:func:`nbmon.notebook.kernel_watch.death_record`)."""
+    (:func:`nbmon.notebook.kernel_watch.death_record`). ``held``: the
+    box's variables (:meth:`nbmon.report.variables.Variables.for_box`), the
+    largest the kernel held as the last cell before its death ended."""
 
     pid: int
     notebook: str
@@ -88,6 +91,7 @@ class Death:
     gpu_memory_mb: float
     records: tuple = field(repr=False)
     path: str = field(default="", repr=False)
+    held: dict | None = None     # the largest variables as of the last cell that ended (the box's)
 
     def cause_text(self) -> str:
         if self.cause == OOM:
@@ -121,6 +125,9 @@ class Death:
                  ("Machine memory available", f"{fmt(self.available_mb, 'MiB')} of {fmt(self.total_mb, 'MiB')}")]
         if self.gpu_memory_mb == self.gpu_memory_mb:
             rows.append(("GPU memory", fmt(self.gpu_memory_mb, "MiB")))
+        held = self._held_text()
+        if held:
+            rows.append(("Variables held", held))
         rows.append(("Kernel", f"pid {self.pid} on {printable(self.host)}"
                                + (f", in {printable(self.cwd)}" if self.cwd and not self.notebook else "")))
         if self.notebook:
@@ -134,6 +141,13 @@ class Death:
         number = f"[{cell.number}] " if cell.number is not None else ""
         ran = f" (running for {fmt(self.last_seen - cell.started, 's')})" if cell.started == cell.started else ""
         return f"{number}{printable(cell.label)}{ran}"
+
+    def _held_text(self) -> str:
+        """What the kernel held before the fatal cell ('' if the box does not say, or says it wrong)."""
+        try:
+            return printable(held_before(self.held)) if self.held is not None else ""
+        except ValueError:
+            return ""
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         return {"text/html": html_table(self.title(), self.rows(), status="failed"), "text/plain": str(self)}
@@ -149,6 +163,8 @@ class Death:
                                               "available_mb", "total_mb", "gpu_memory_mb")}
         out = {k: (None if isinstance(v, float) and v != v else v) for k, v in out.items()}
         out["cause_text"] = self.cause_text()
+        out["held"] = self.held
+        out["held_text"] = self._held_text()
         out["cell"] = {"number": self.cell.number, "label": self.cell.label, "running": self.cell.running,
                        "started": None if self.cell.started != self.cell.started else self.cell.started}
         return out
@@ -207,7 +223,7 @@ def death_of(box: Box) -> Death:
         tree_memory_peak_mb=_peak(records, tree) if tree else math.nan,
         cpu_percent=_last(records, "proc_cpu_percent"), available_mb=_last(records, "sys_mem_available_mb"),
         total_mb=_last(records, "sys_mem_total_mb"), gpu_memory_mb=_last(records, "gpu_mem_used_mb"),
-        records=records, path=box.path)
+        records=records, path=box.path, held=box.held)
 
 
 # -- the directory ---------------------------------------------------------------------
@@ -312,7 +328,7 @@ def claim(notebook: str | None = None) -> tuple[Death | None, str]:
             os.rename(box.path, seen_path)  # atomic: of two kernels starting at once, one shows it
         except OSError:
             continue
-        box = Box(seen_path, box.header, box.cell, box.records, box.damaged)
+        box = replace(box, path=seen_path)
         found.dead[k] = (box, True)   # the sweep finds it under its new name
         if newest is None:
             newest = death_of(box)

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 
 from .. import catalog
 from .summary import COUNTS_FROM_WINDOW, FROM_WINDOW, ResourceSummary
-from ..values import NAN
+from ..values import MIB, NAN
 
 if TYPE_CHECKING:
     from ..sampling.store import Stats
+    from .variables import Variables
 
 
 def samples_frame(t, wall, values: dict):
@@ -47,6 +48,7 @@ class CellRecord:
     summary: ResourceSummary | None = None   # once it ended
     stats: Stats | None = None      # its window's statistics, for its static record: the newest cell's only
     workers: tuple[WorkerCellRecord, ...] = ()   # the cell on each watched Dask worker
+    variables: Variables | None = None   # the kernel's variables at its end, until its summary holds them
 
     @property
     def duration_sec(self) -> float:
@@ -87,21 +89,39 @@ def recorded_figures() -> list[str]:
     return keys
 
 
+# A cell's variables (nbmon.report.variables), None where they were not sized.
+VARIABLE_COLUMNS = ("vars_held_mb", "vars_growth_mb", "vars_grew_mb", "vars_shrank_mb", "vars_not_sized")
+
+
+def variable_columns(variables: Variables | None) -> dict:
+    """The history's columns of a cell's variables: the namespace's sized
+    variables in MiB and their growth, {name: MiB now} of the largest
+    that grew (made, grown, replaced), {name: MiB change} of those that
+    shrank (deleted among them), and how many objects were not sized."""
+    if variables is None:
+        return dict.fromkeys(VARIABLE_COLUMNS)
+    return {"vars_held_mb": variables.held / MIB, "vars_growth_mb": variables.change / MIB,
+            "vars_grew_mb": {v.name: v.nbytes / MIB for v in variables.grew},
+            "vars_shrank_mb": {v.name: v.change / MIB for v in variables.shrank},
+            "vars_not_sized": variables.unsized}
+
+
 def history_frame(records):
     """One row per monitored cell: ``records`` are :class:`CellRecord`
     (that ended: they have a summary); start_time becomes a UTC timestamp.
-    Columns: HISTORY_COLUMNS, the summary's fields, then the recorded
-    figures no field holds (:func:`recorded_figures`)."""
+    Columns: HISTORY_COLUMNS, the summary's fields, the recorded figures
+    no field holds (:func:`recorded_figures`), then the cell's variables
+    (:func:`variable_columns`)."""
     import pandas as pd
 
     fields = [f.name for f in dataclasses.fields(ResourceSummary)
-              if f.name not in ("duration_sec", "start_time", "end_time", "figures")]
+              if f.name not in ("duration_sec", "start_time", "end_time", "figures", "variables")]
     extra = recorded_figures()
     rows = []
     for r in records:
         s = r.summary
         rows.append({**{c: getattr(r, c) for c in HISTORY_COLUMNS}, **{f: getattr(s, f) for f in fields},
-                     **{k: s.figures.get(k) for k in extra}})
-    frame = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS) + fields + extra)
+                     **{k: s.figures.get(k) for k in extra}, **variable_columns(s.variables)})
+    frame = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS) + fields + extra + list(VARIABLE_COLUMNS))
     frame["start_time"] = pd.to_datetime(frame["start_time"], unit="s", utc=True)
     return frame

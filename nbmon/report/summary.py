@@ -14,6 +14,7 @@ from typing import Any
 from .. import catalog
 from ..catalog import DELTA, GAUGE, LAST, MEAN, PEAK, figure_key, unit_of
 from ..format import fmt
+from .variables import Variables
 from ..values import known
 
 
@@ -67,6 +68,11 @@ class ResourceSummary:
     OOM killer killed in the period. ``peak_group_mem_mb`` is the exact peak
     of a cgroup of the tree's own (``nbmon run --cgroup``): every page once,
     page cache included.
+
+    ``variables`` (a notebook cell's, last: it is not a figure of the
+    window but what the kernel's namespace said at the cell's end) is
+    :class:`nbmon.report.variables.Variables`: which variables the cell made,
+    grew or freed, and the largest held.
     """
 
     peak_rss_mb: float
@@ -102,6 +108,8 @@ class ResourceSummary:
     # Every catalog metric's statistics over the window, by figure_key ('max_proc_pss_mb'), and
     # for a metric with a peak bracket its kind ('kind_proc_pss_mb') and upper end ('bound_...').
     figures: dict[str, Any] = field(default_factory=dict)
+    # A notebook cell's: the variables it made, grew or freed (nbmon.report.variables); None elsewhere.
+    variables: Variables | None = None
 
     @property
     def peak_rss_kind(self) -> str:
@@ -127,6 +135,8 @@ class ResourceSummary:
             out[name] = _primitive(name, value)
         if self.figures:
             out["figures"] = dict(self.figures)
+        if self.variables is not None:
+            out["variables"] = self.variables.to_dict()
         return out
 
     @classmethod
@@ -145,7 +155,9 @@ class ResourceSummary:
         # Optional fields that to_dict() left out are None (the GPU ones have no default).
         values = {k: None for k in _TYPES if k not in _REQUIRED}
         values.update((k, _checked(k, v)) for k, v in data.items() if k in _TYPES)
-        return cls(**values, figures=_checked_figures(data.get("figures", {})))
+        variables = data.get("variables")
+        return cls(**values, figures=_checked_figures(data.get("figures", {})),
+                   variables=Variables.from_dict(variables) if variables is not None else None)
 
     # -- for humans ------------------------------------------------------
     def rows(self) -> list[tuple[str, str]]:
@@ -166,6 +178,8 @@ class ResourceSummary:
             row = _row(metric, shown, figures)
             if row is not None:
                 rows.append((shown.rank, *row))
+        if self.variables is not None:   # below the memory's growth: what grew
+            rows += [(VARIABLES_RANK, title, text) for title, text in self.variables.rows()]
         rows.append((10 ** 6, "Samples", fmt(self.num_samples, "")))
         return [(title, text) for _, title, text in sorted(rows, key=lambda row: row[0])]
 
@@ -197,7 +211,8 @@ PEAK_KINDS = ("exact", "upper bound", "sampled")
 EXACT_SLACK_MB = 1.0   # an upper end this close to the peak closes the bracket
 _REQUIRED = ("peak_rss_mb", "mean_rss_mb", "memory_growth_mb", "num_samples", "duration_sec")
 _ALWAYS_WRITTEN = _REQUIRED + ("peak_gpu_mem_mb", "mean_gpu_util")
-_TYPES = {f.name: f.type for f in dataclasses.fields(ResourceSummary) if f.name != "figures"}
+_TYPES = {f.name: f.type for f in dataclasses.fields(ResourceSummary) if f.name not in ("figures", "variables")}
+VARIABLES_RANK = 35   # the variables' rows: after the memory's growth (catalog's ranks: 30), before its mean (40)
 
 
 def _primitive(name: str, value):
