@@ -515,7 +515,8 @@ WARNING = """() => {
     if (!full) return null;
     const line = (full.shapes || []).find(s => s.name === 'nbmon-warning-line');
     const note = [...plot.querySelectorAll('.annotation-text')].map(t => t.textContent).find(t => t.startsWith('memory warning'));
-    return line && note ? {line: [line.y0, line.yref, line.line.dash], note} : null;
+    const axis = line && full['yaxis' + line.yref.slice(1)];
+    return line && note ? {line: [line.y0, line.yref, line.line.dash], label: line.label.text, side: axis.side, note} : null;
 }"""
 
 
@@ -536,6 +537,12 @@ def test_the_memory_warning_shows_on_the_chart_in_light_and_dark(lab, browser):
         assert shown["line"][2] == "dot" and shown["line"][0] > 0, shown
         assert re.match(r"memory warning: the (machine's memory is over 0.5 % used|container is over 0.5 % of its)",
                         shown["note"]), shown
+        # The line says whose memory, of what limit, and stands on that memory's axis
+        # (the machine's on the right; the container's beside its limit on the kernel's, left).
+        machine = shown["note"].startswith("memory warning: the machine's")
+        assert re.fullmatch(r"(machine memory|container limit) 0\.5 %: [\d.]+ [KMG]iB", shown["label"]), shown
+        assert shown["label"].startswith("machine memory" if machine else "container limit"), shown
+        assert shown["side"] == ("right" if machine else "left"), shown
         page.shot("dashboard-warning-light.png")
         use_theme(page, "JupyterLab Dark")
         page.page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
