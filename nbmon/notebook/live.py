@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import frontend
+from ..render import Output
 from .charts import Record
 
 DEFAULT_REFRESH_HZ = 2.0   # frames a second at most: ~2 KiB/s of websocket traffic at 10 Hz sampling
@@ -73,6 +74,7 @@ FIRST_SAMPLE_WAIT_S = 2.0  # a view built by its refresher waits this long for a
 LOADER = frontend.module("dashboard/index.js")   # js/dashboard/ and format.js, as one text
 EVENTS = ("hover", "unhover", "click", "select", "deselect")   # plotly's trace events
 EVENTS_EVERY_S = 2.0       # how often the widget's callbacks are looked for: a walk of its whole layout
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _classes: dict[str, type] = {}
 _classes_lock = threading.Lock()
 _bundle_lock = threading.Lock()
@@ -308,6 +310,7 @@ class LiveView:
         self.live_id = uuid.uuid4().hex
         self.handle = None          # the display handles of the record's table and picture,
         self.picture_handle = None  # set by whoever displays them (:meth:`picture`)
+        self.chart_handle = None    # the chart's own output, where the front end needs one (see below)
         self.refreshes = 0          # frames sent to the widget
         self.skipped = 0            # refreshes with nothing new
         self.errors = 0             # exceptions caught in the refresher thread
@@ -353,6 +356,10 @@ class LiveView:
         self.widget = widget_class()(fig, nbmon={
             "id": self.live_id, "window": self.window_s, "stale_s": stale_s, "events": [],
             "cells": cells or [], "streams": streams, "layout": layout or {}})
+        if self.chart_handle is not None:   # a widget view, for a manager that makes models only for those
+            self.chart_handle.update(Output({WIDGET_VIEW: {"version_major": 2, "version_minor": 0,
+                                                           "model_id": self.widget.model_id},
+                                             "text/plain": "nbmon live chart"}))
 
     def _declare(self, *, streams: list[dict] | None = None, layout: dict | None = None) -> None:
         """Re-send the streams or the layout patch as state, where they changed."""
@@ -527,6 +534,8 @@ class LiveView:
             # Said first, so that the front end does not mark the chart "disconnected".
             self._counted(lambda: self.widget.send({"type": "nbmon:stopped"}))
             self.widget.close()
+        if self.chart_handle is not None:   # the record beside it stays: no view of a closed model is kept
+            self.chart_handle.update(Output({"text/plain": ""}))
         return final
 
     def _repr_mimebundle_(self, **kwargs):

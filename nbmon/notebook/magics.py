@@ -117,6 +117,14 @@ class _Outlet:
         print(text, file=sys.stderr, flush=True)
 
 
+def _own_chart_output() -> bool:
+    """Whether the live chart needs an output of its own: a front end that
+    renders each output in its own frame, with a widget manager that makes
+    models only for widget-view outputs (Colab; elsewhere
+    NBMON_CHART_OUTPUT=widget asks for it)."""
+    return "google.colab" in sys.modules or os.environ.get("NBMON_CHART_OUTPUT") == "widget"
+
+
 def _said(err: Exception) -> None:
     """An nbmon error never reaches the user's cell: one line, and the cell runs on."""
     text = str(err)
@@ -221,9 +229,9 @@ class ResmonMagics(Magics):
                       f"%resmon stop first to change the interval")
             # The record shows at once, before the sampler starts (its first
             # figures and the chart follow from the host).
-            view = host.view_open(options_dict(options), window)
-            for bundle, display_id in zip((view["table"], view["picture"]), view["ids"]):
-                _show(bundle, display_id)
+            view = host.view_open(options_dict(options), window, own_output=_own_chart_output())
+            for key, display_id in zip(("table", "picture", "chart"), view["ids"]):
+                _show(view[key], display_id)
             host.view_start()
             if outputs:
                 host.start(options_dict(options), outputs, args.force)
