@@ -530,12 +530,12 @@ class LiveView:
     def close(self) -> Record:
         """Freeze, then close the widget's comm; returns the static record."""
         final = self.freeze()
+        if self.chart_handle is not None:   # the record beside it stays: no view of a closed model is kept
+            self.chart_handle.update(Output({"text/plain": ""}))
         if self.widget is not None:
             # Said first, so that the front end does not mark the chart "disconnected".
             self._counted(lambda: self.widget.send({"type": "nbmon:stopped"}))
             self.widget.close()
-        if self.chart_handle is not None:   # the record beside it stays: no view of a closed model is kept
-            self.chart_handle.update(Output({"text/plain": ""}))
         return final
 
     def _repr_mimebundle_(self, **kwargs):

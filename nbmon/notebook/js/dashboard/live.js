@@ -31,6 +31,18 @@ const MODEBAR_PX = 4 * 28;      // what is left of it: zoom, pan, autoscale, dow
 const TITLE_PX = 24;            // a title line (14 px font)
 const LEGEND_PX = 20;           // a legend line, before plotly has drawn one
 
+// The element that holds the record's output, whatever the front end calls it
+// (JupyterLab, VS Code, Voila): its first ancestor with a next sibling, which
+// is the timeline picture's output (the kernel displays it right after the
+// record). Marked, so that the style hides that picture under the chart.
+function markOutput(record) {
+  for (let el = record.parentElement; el && el !== document.body; el = el.parentElement) {
+    if (!el.nextElementSibling) continue;
+    if (el.nextElementSibling.querySelector("img")) el.setAttribute("data-nbmon-live-output", "");
+    return;
+  }
+}
+
 export class Live {
   constructor(model) {
     this.model = model;
@@ -147,6 +159,7 @@ export class Live {
       record.prepend(view.root);
       record.classList.add("nbmon-live-mounted");
       record.querySelector(":scope > .nbmon-live-note")?.remove();
+      markOutput(record);
     }
     // A view whose record left the page for good (its output cleared) goes too.
     for (const view of [...this.views.values()]) {
