@@ -586,10 +586,15 @@ def test_under_the_chart_nothing_of_the_record_shows_whatever_the_front_ends_cla
         assert not page.errors, page.errors
 
 
-# JS: the charts drawn outside a record (in a widget-view output of their own).
+# JS: the charts drawn outside a record (in a widget-view output of their own),
+# with data, their painted lines laid over the plot (not after it).
 OWN_CHARTS = """() => [...document.querySelectorAll('.js-plotly-plot')]
     .filter(p => !p.closest('.nbmon-live-record') && p.__nbmonDrawn?.traces
-                 .filter(t => /^proc_/.test(t.meta)).every(t => t.x.length > 3)).length"""
+                 .filter(t => /^proc_/.test(t.meta)).every(t => t.x.length > 3))
+    .filter(p => {
+        const lines = p.querySelector(':scope > .nbmon-lines');
+        return lines && getComputedStyle(lines).position === 'absolute';
+    }).length"""
 
 
 def test_the_chart_in_an_output_of_its_own_draws_and_leaves_no_widget_view_when_it_stops(lab, browser):
