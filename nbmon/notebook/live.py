@@ -79,6 +79,9 @@ _classes: dict[str, type] = {}
 _classes_lock = threading.Lock()
 _bundle_lock = threading.Lock()
 _bundle_sent = False   # once per process: pages that missed it ask
+# Sent before a widget's state was made: a page that then has no copy (Voila's
+# connects after the notebook ran, Colab makes no carrier model) asks at once.
+_bundle_pushed = False
 
 
 # -- arguments ---------------------------------------------------------------------
@@ -146,7 +149,9 @@ def plotly_bundle() -> tuple[str, pathlib.Path]:
 def send_bundle(widget) -> None:
     """Send plotly's bundle to the page through ``widget``, a widget of
     nbmon's front end (js/dashboard/bundle.js: loadBundle)."""
+    global _bundle_pushed
     widget.send({"type": "nbmon:bundle"}, [plotly_bundle()[1].read_bytes()])
+    _bundle_pushed = True
 
 
 def _claim_bundle() -> bool:
@@ -218,7 +223,7 @@ def _make_widget_class() -> type:
         _nbmon = traitlets.Dict().tag(sync=True)
 
         def __init__(self, figure=None, nbmon: dict | None = None):
-            self._nbmon_first = {"bundle": version, **(nbmon or {})}
+            self._nbmon_first = {"bundle": version, "pushed": _bundle_pushed, **(nbmon or {})}
             super().__init__(figure)
 
         @traitlets.default("_nbmon")
@@ -508,8 +513,16 @@ class LiveView:
             self._shown_empty = not self._samples()
             shown = self._record()
             self.handle.update(shown.table())
+            self._send_record(shown)
             if self.picture_handle is not None:
                 self.picture_handle.update(shown.picture())
+
+    def _send_record(self, shown: Record) -> None:
+        """The record's table to the page through the widget too: a page that
+        applies no display update (Voila's, once rendered) writes it into the
+        record it shows (js/dashboard/live.js: "nbmon:record")."""
+        if self.widget is not None:
+            self.widget.send({"type": "nbmon:record", "html": shown.table().data["text/html"]})
 
     def cell_ended(self) -> None:
         """A cell ended: re-send the record now, or once :data:`RECORD_MIN_S`
@@ -534,6 +547,7 @@ class LiveView:
             self.chart_handle.update(Output({"text/plain": ""}))
         if self.widget is not None:
             # Said first, so that the front end does not mark the chart "disconnected".
+            self._counted(lambda: self._send_record(final))
             self._counted(lambda: self.widget.send({"type": "nbmon:stopped"}))
             self.widget.close()
         return final

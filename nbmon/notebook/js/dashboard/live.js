@@ -261,6 +261,7 @@ export class Live {
     if (!msg) return;
     if (msg.type === "nbmon:stopped") this.stopped = true;
     if (msg.type === "nbmon:events") this.events = new Set(msg.events);
+    if (msg.type === "nbmon:record") this.rewrite(msg.html);
     if (msg.type !== "nbmon:append" || !this.taken()) return;
     this.heard = performance.now();
     let at = 0;
@@ -283,6 +284,18 @@ export class Live {
       this.sortCells();
     }
     this.drawAll();
+  }
+
+  /**
+   * The kernel's record, re-sent: its figures into every record of ours in
+   * the page (where the front end applied the display update, the same).
+   */
+  rewrite(html) {
+    const fresh = new DOMParser().parseFromString(html, "text/html").querySelector(".nbmon-live-static");
+    if (!fresh) return;
+    for (const record of document.querySelectorAll(`.nbmon-live-record[data-nbmon-live="${this.id}"]`)) {
+      record.querySelector(":scope > .nbmon-live-static")?.replaceWith(document.importNode(fresh, true));
+    }
   }
 
   themeChanged(only) {
