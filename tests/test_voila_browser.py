@@ -68,5 +68,8 @@ def test_a_record_whose_chart_cannot_mount_keeps_its_figures_current(voila, tmp_
         page.wait_for_function("([sel, first]) => document.querySelector(sel).innerText !== first",
                                arg=[HEADLINE, first], timeout=RECORD_WAIT_MS)
         assert page.locator(".nbmon-live-view").count() == 0   # no chart: plotly never loaded
+        # The timeline picture too (shown blank at first: the record came before its third sample).
+        widths = page.evaluate("[...document.images].map((img) => img.naturalWidth)")
+        assert max(widths) > 100, widths
         print(f"voila {voila.theme}: record {first!r} -> {page.locator(HEADLINE).inner_text()!r}")
         page.screenshot(path=str(SHOTS / f"voila-record-{voila.theme}.png"), full_page=True)

@@ -518,11 +518,16 @@ class LiveView:
                 self.picture_handle.update(shown.picture())
 
     def _send_record(self, shown: Record) -> None:
-        """The record's table to the page through the widget too: a page that
-        applies no display update (Voila's, once rendered) writes it into the
-        record it shows (js/dashboard/live.js: "nbmon:record")."""
-        if self.widget is not None:
-            self.widget.send({"type": "nbmon:record", "html": shown.table().data["text/html"]})
+        """The record's table and timeline to the page through the widget too:
+        a page that applies no display update (Voila's, once rendered) writes
+        them into the record it shows (js/dashboard/live.js: "nbmon:record")."""
+        if self.widget is None:
+            return
+        msg = {"type": "nbmon:record", "html": shown.table().data["text/html"]}
+        if self.picture_handle is not None and shown.timeline is not None:
+            msg["picture"] = {"png": shown.picture().data["image/png"],
+                              "width": shown.timeline.width, "height": shown.timeline.height}
+        self.widget.send(msg)
 
     def cell_ended(self) -> None:
         """A cell ended: re-send the record now, or once :data:`RECORD_MIN_S`
