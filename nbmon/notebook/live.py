@@ -37,7 +37,9 @@ plotly's widget bundle (plotly.js, ~5 MB) reaches the page once per
 process, as a custom message: :func:`push_bundle` sends it as soon as
 ``%resmon`` is asked for a chart (the page takes ~1.2 s to import it, which
 then runs while the kernel starts its sampler and builds the view), else the
-first view sends it; a page that missed it asks a view for it.
+first view sends it; a page that missed it asks a view for it (at once
+where the view's state says it had been sent: Voila's page connects after
+the notebook ran).
 
 The first plotly FigureWidget of a process cost ~1-2.5 s of GIL-holding
 imports, nearly all of it nbformat -> jsonschema -> rfc3987_syntax (which
