@@ -56,8 +56,43 @@ def __dir__():
     return sorted(set(globals()) | set(__all__))
 
 
+def _lacking() -> str:
+    """What this interpreter lacks of what nbmon needs ("" when nothing):
+    threads, and its processes' figures from Linux's /proc or psutil.
+    Pyodide (JupyterLite) has neither."""
+    import os
+    import sys
+
+    lacks = []
+    if sys.platform in ("emscripten", "wasi"):   # CPython built there starts no threads
+        lacks.append("threads")
+    if not (sys.platform.startswith("linux") and os.path.exists(f"/proc/{os.getpid()}/stat")):
+        try:
+            import psutil  # noqa: F401
+        except ImportError:
+            lacks.append("/proc or psutil")
+    return " and ".join(lacks)
+
+
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext nbmon``: registers ``%resmon`` / ``%%resmon``."""
+    """``%load_ext nbmon``: registers ``%resmon`` / ``%%resmon``; in a
+    kernel without what nbmon needs, one line says so."""
+    lacking = _lacking()
+    if lacking:
+        import sys
+
+        line = (f"nbmon is not available in this kernel ({sys.platform}, no {lacking}): it needs threads "
+                "and its processes' figures from Linux's /proc or psutil (JupyterLite's Pyodide has neither)")
+
+        def resmon(_line, cell=None):
+            # A notebook written with nbmon still runs here: the line again, and the cell itself.
+            print(line, file=sys.stderr, flush=True)
+            if cell is not None:
+                ipython.run_cell(cell)
+
+        ipython.register_magic_function(resmon, "line_cell", "resmon")
+        print(line, file=sys.stderr, flush=True)
+        return
     from .notebook.magics import load
 
     load(ipython)
@@ -65,6 +100,8 @@ def load_ipython_extension(ipython) -> None:
 
 def unload_ipython_extension(ipython) -> None:
     """``%unload_ext nbmon``: stops monitoring and removes the hooks."""
+    if _lacking():   # never loaded
+        return
     from .notebook.magics import unload
 
     unload(ipython)

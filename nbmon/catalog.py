@@ -55,8 +55,8 @@ class Shown:
     its limit; ``alone`` titles ``other`` shown alone) or "split" (the
     growth of the metric and of the ``other`` ones, named by their
     ``short``). ``when`` it is shown: "known" (a value), "nonzero",
-    "above" (at least ``ABOVE_SHARE`` times ``other``'s and ``ABOVE_MB``
-    more) or "moved" (one of the ``other`` ones moved by ``MOVED_MB``)."""
+    "above" (in a tree of more than one process, at least ``ABOVE_SHARE``
+    times ``other``'s and ``ABOVE_MB`` more) or "moved" (one of the ``other`` ones moved by ``MOVED_MB``)."""
 
     title: str
     rank: int

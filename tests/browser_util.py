@@ -118,10 +118,8 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
         time.sleep(interval)
 
 
-@contextmanager
-def lab_serving(base: Path, notebook: str, cells: list[str]):
-    """A started JupyterLab (stopped after) whose root, ``base/root``, holds
-    ``notebook``: one code cell per source in ``cells``, a python3 kernel."""
+def _notebook_root(base: Path, notebook: str, cells: list[str]) -> Path:
+    """``base/root``, made, holding ``notebook``: one code cell per source in ``cells``, a python3 kernel."""
     import nbformat
     from nbformat.v4 import new_code_cell, new_notebook
 
@@ -131,12 +129,28 @@ def lab_serving(base: Path, notebook: str, cells: list[str]):
         metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
         cells=[new_code_cell(source) for source in cells])
     nbformat.write(nb, root / notebook)
-    server = JupyterLab(base, root)
+    return root
+
+
+@contextmanager
+def _serving(server: "JupyterLab"):
     try:
         server.start()
         yield server
     finally:
         server.stop()
+
+
+def lab_serving(base: Path, notebook: str, cells: list[str]):
+    """A started JupyterLab (stopped after) whose root, ``base/root``, holds
+    ``notebook``: one code cell per source in ``cells``, a python3 kernel."""
+    return _serving(JupyterLab(base, _notebook_root(base, notebook, cells)))
+
+
+def voila_serving(base: Path, notebook: str, cells: list[str], theme: str = "light"):
+    """A started Voila (stopped after) serving ``notebook`` (one code cell per
+    source in ``cells``) from ``base/root``, in ``theme``."""
+    return _serving(Voila(base, _notebook_root(base, notebook, cells), notebook, theme))
 
 
 @contextmanager
@@ -217,6 +231,8 @@ class JupyterLab:
     """A real ``jupyter lab`` server in a subprocess, with its own config,
     runtime and (when safe) data directories under ``base``."""
 
+    status_path = "/api/status"   # answered once it serves
+
     def __init__(self, base: Path, root: Path):
         self.base, self.root = Path(base), Path(root)
         self.port = free_port()
@@ -274,15 +290,22 @@ class JupyterLab:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log_text()}")
             try:
-                return self.api("/api/status", timeout=2.0)
+                with urllib.request.urlopen(f"{self.url}{self.status_path}?token={self.token}", timeout=2.0):
+                    return True
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 return None
 
         try:
-            wait_for(up, timeout, "JupyterLab to answer /api/status")
+            wait_for(up, timeout, f"the server to answer {self.status_path}")
         except AssertionError as err:
             raise AssertionError(f"{err}\n--- server log ---\n{self.log_text()}") from None
         return self
+
+    def shut_down(self) -> None:
+        try:
+            self.api("/api/shutdown", method="POST")
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
 
     def log_text(self, tail: int = 6000) -> str:
         try:
@@ -303,10 +326,7 @@ class JupyterLab:
             pass
         try:
             if self.proc.poll() is None:
-                try:
-                    self.api("/api/shutdown", method="POST")
-                except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                    pass
+                self.shut_down()
                 try:
                     self.proc.wait(timeout)
                 except subprocess.TimeoutExpired:
@@ -314,3 +334,23 @@ class JupyterLab:
                     self.proc.wait(10)
         finally:
             self.log.close()
+
+
+class Voila(JupyterLab):
+    """A real ``voila`` server rendering one notebook (its page at ``url``),
+    with the same directories, start and stop as :class:`JupyterLab`."""
+
+    def __init__(self, base: Path, root: Path, notebook: str, theme: str = "light"):
+        super().__init__(base, root)
+        self.notebook, self.theme = notebook, theme
+        self.log_path = self.base / "voila.log"
+
+    status_path = "/voila/static/voila.js"
+
+    def shut_down(self) -> None:
+        self.proc.terminate()   # Voila has no shutdown endpoint; on SIGTERM it shuts its kernels down
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "voila", "--no-browser", f"--port={self.port}", "--Voila.ip=127.0.0.1",
+                "--Voila.port_retries=0", f"--token={self.token}", f"--theme={self.theme}",
+                str(self.root / self.notebook)]

@@ -6,6 +6,7 @@ notebook saved while it runs shows its figures after the kernel is gone."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -55,6 +56,10 @@ def lab(tmp_path_factory):
     # A threshold every kernel is past (0.5 % of the machine, or of a container's limit): the warning shows at once.
     write_notebook(root / "warning.ipynb", ["%load_ext nbmon", "%resmon --memory-warning 0.5",
                                             WAIT_FOR.format(name="warning-go"), "%resmon stop"])
+    write_notebook(root / "classes.ipynb", ["%load_ext nbmon", "%resmon", WAIT_FOR.format(name="classes-go"),
+                                            "%resmon stop"])
+    write_notebook(root / "own.ipynb", ["%env NBMON_CHART_OUTPUT=widget", "%load_ext nbmon", "%resmon",
+                                        WAIT_FOR.format(name="own-go"), "%resmon stop"])
     server = JupyterLab(base, root)
     server.start()
     try:
@@ -509,13 +514,54 @@ def test_the_window_holds_and_hover_zoom_or_resize_send_nothing(lab, browser):
         shut_down_kernels(lab)
 
 
+@contextlib.contextmanager
+def running(browser, lab, name: str):
+    """A page running ``name``.ipynb to its wait for ``name``-go: on failure
+    a shot and the server's log; then the go, and its kernel shut down."""
+    page = Page(browser, lab, name)
+    try:
+        page.open(f"/lab/tree/{name}.ipynb")
+        page.run_all()
+        yield page
+    except BaseException:
+        page.shot(f"dashboard-{name}-failure.png")
+        print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
+        raise
+    finally:
+        (lab.root / f"{name}-go").touch()
+        page.page.close()
+        shut_down_kernels(lab)
+
+
+# JS: the live record's output area with every "jp-" class gone (a front end
+# that names its outputs otherwise, as VS Code does); what of it is visible.
+WITHOUT_JP_CLASSES = """() => {
+    const record = document.querySelector('.nbmon-live-record.nbmon-live-mounted');
+    const area = record.closest('.jp-OutputArea');
+    for (const el of [area, ...area.querySelectorAll('*')]) {
+        for (const name of [...el.classList].filter(c => c.startsWith('jp-'))) el.classList.remove(name);
+    }
+    // Laid out as plain blocks, as such a front end's would be (JupyterLab's table layout went with its classes).
+    for (let el = record.parentElement; el !== area.parentElement; el = el.parentElement) {
+        Object.assign(el.style, {display: 'block', width: '100%'});
+    }
+    return new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => done({
+        pictures: [...area.querySelectorAll('img')].filter(i => !i.closest('.nbmon-live-view')).length,
+        shown: [...area.querySelectorAll('img, .nbmon-live-static')]
+            .filter(e => !e.closest('.nbmon-live-view') && e.checkVisibility()).map(e => e.outerHTML.slice(0, 80)),
+        chart: record.querySelector('.nbmon-live-view').checkVisibility(),
+    }))));
+}"""
+
+
 WARNING = """() => {
     const plot = document.querySelector('.nbmon-live-record .js-plotly-plot');
     const full = plot && plot._fullLayout;
     if (!full) return null;
     const line = (full.shapes || []).find(s => s.name === 'nbmon-warning-line');
     const note = [...plot.querySelectorAll('.annotation-text')].map(t => t.textContent).find(t => t.startsWith('memory warning'));
-    return line && note ? {line: [line.y0, line.yref, line.line.dash], note} : null;
+    const axis = line && full['yaxis' + line.yref.slice(1)];
+    return line && note ? {line: [line.y0, line.yref, line.line.dash], label: line.label.text, side: axis.side, note} : null;
 }"""
 
 
@@ -524,6 +570,52 @@ def use_theme(page: Page, name: str) -> None:
     page.page.get_by_role("menuitem", name="Settings", exact=True).click()
     page.page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Theme$")).click()
     page.page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{name}$")).click()
+
+
+def test_under_the_chart_nothing_of_the_record_shows_whatever_the_front_ends_classes(lab, browser):
+    """The static table and the timeline picture under a live chart stay
+    hidden with none of JupyterLab's classes on the outputs: the chart marks
+    its record's output itself (VS Code's outputs have other classes)."""
+    with running(browser, lab, "classes") as page:
+        wait_for_chart(page)
+        page.page.locator("img").last.wait_for(state="attached", timeout=30_000)
+        seen = page.page.evaluate(WITHOUT_JP_CLASSES)
+        assert seen["pictures"] >= 1 and seen["chart"] and seen["shown"] == [], seen
+        page.page.wait_for_timeout(3000)   # the chart redrawn at its new width
+        page.shot("dashboard-no-jp-classes-light.png")
+        assert not page.errors, page.errors
+
+
+# JS: the charts drawn outside a record (in a widget-view output of their own),
+# with data, their painted lines laid over the plot (not after it).
+OWN_CHARTS = """() => [...document.querySelectorAll('.js-plotly-plot')]
+    .filter(p => !p.closest('.nbmon-live-record') && p.__nbmonDrawn?.traces
+                 .filter(t => /^proc_/.test(t.meta)).every(t => t.x.length > 3))
+    .filter(p => {
+        const lines = p.querySelector(':scope > .nbmon-lines');
+        return lines && getComputedStyle(lines).position === 'absolute';
+    }).length"""
+
+
+def test_the_chart_in_an_output_of_its_own_draws_and_leaves_no_widget_view_when_it_stops(lab, browser):
+    """The chart as its own widget-view output (what Colab gets): drawn from
+    the same model; once stopped the output is empty, and the saved
+    notebook holds no widget view (no "model not found" when reopened)."""
+    with running(browser, lab, "own") as page:
+        wait_for_chart(page)
+        wait_for(lambda: page.page.evaluate(OWN_CHARTS) == 1, 60, "the chart in its own output, with data")
+        page.page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
+            .find(p => !p.closest('.nbmon-live-record')).scrollIntoView()""")
+        page.page.wait_for_timeout(2500)   # painted once in view
+        page.shot("dashboard-own-output-light.png")
+        (lab.root / "own-go").touch()
+        record = page.page.locator(".nbmon-live-record").first
+        wait_for(lambda: "stopped" in record.inner_text(), 90, "the final record")
+        wait_for(lambda: page.page.evaluate(OWN_CHARTS) == 0, 30, "the chart's own output emptied")
+        saved = save(page, lab, "own.ipynb")
+        assert "application/vnd.jupyter.widget-view+json" not in json.dumps(saved["cells"]), saved["cells"]
+        assert "model not found" not in page.page.locator("body").inner_text()
+        assert not page.errors, page.errors
 
 
 def test_the_memory_warning_shows_on_the_chart_in_light_and_dark(lab, browser):
@@ -536,6 +628,12 @@ def test_the_memory_warning_shows_on_the_chart_in_light_and_dark(lab, browser):
         assert shown["line"][2] == "dot" and shown["line"][0] > 0, shown
         assert re.match(r"memory warning: the (machine's memory is over 0.5 % used|container is over 0.5 % of its)",
                         shown["note"]), shown
+        # The line says whose memory, of what limit, and stands on that memory's axis
+        # (the machine's on the right; the container's beside its limit on the kernel's, left).
+        machine = shown["note"].startswith("memory warning: the machine's")
+        assert re.fullmatch(r"(machine memory|container limit) 0\.5 %: [\d.]+ [KMG]iB", shown["label"]), shown
+        assert shown["label"].startswith("machine memory" if machine else "container limit"), shown
+        assert shown["side"] == ("right" if machine else "left"), shown
         page.shot("dashboard-warning-light.png")
         use_theme(page, "JupyterLab Dark")
         page.page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)

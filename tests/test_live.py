@@ -12,6 +12,7 @@ import pytest
 
 from browser_util import legend, png_pixels, row, summary_rows
 from helpers import RecordingComm, wait_until
+from nbmon.format import fmt
 from nbmon.engine import Monitor
 from nbmon.notebook import charts
 from nbmon.notebook.dashboard import MARGIN_PX, THREAD_NAME, Dashboard
@@ -572,6 +573,9 @@ def test_the_memory_warning_is_a_line_at_its_threshold_and_a_note_while_it_holds
         container = watch.level.kind == memwarn.CONTAINER
         axis = next(t.yaxis for t in d.widget.data if t.meta == ("proc_pss_mb" if container else "sys_mem_used_mb"))
         assert line["yref"] == axis and line["line"]["dash"] == "dot"
+        # Whose memory and of what limit, and where the line stands.
+        assert line["label"]["text"] == (f"{'container limit' if container else 'machine memory'} "
+                                         f"{fmt(watch.percent, '%')}: {fmt(limit * watch.percent / 100, 'MiB')}")
         (note,) = [a for a in layout["annotations"] if a["name"] == WARNING_NOTE]
         assert note["text"].startswith(f"memory warning: the container is over {watch.percent:.1f} % of its" if container
                                        else f"memory warning: the machine's memory is over {watch.percent:.1f} % used")

@@ -5,6 +5,8 @@ the monitor's threads, auto mode, unloading, and misuse."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 import traceback
 
@@ -545,3 +547,30 @@ def test_a_failing_sources_warning_is_printable():
     (message,) = [str(w.message) for w in warned]
     assert "\x1b" not in message and "\x07" not in message
     assert message.startswith("nbmon: gpu\\x1b[8m failed") and message.endswith("OSError: \\x1b]0;pwned\\x07\\x1b[2J")
+
+
+# -- a kernel without what nbmon needs (JupyterLite) --------------------------------
+
+LITE = """import sys, threading
+def no_threads(*args, **kwargs):   # what Pyodide's threading does
+    raise RuntimeError("can't start new thread")
+sys.platform, sys.modules["psutil"], threading._start_new_thread = "emscripten", None, no_threads
+%load_ext nbmon
+%resmon
+print("cell ran on")
+get_ipython().run_cell_magic("resmon", "", "x = 6 * 7\\nprint(x)")
+"""
+
+
+def test_a_kernel_without_threads_or_proc_is_told_what_nbmon_needs_in_one_line():
+    """JupyterLite's Pyodide (no threads, no /proc, no psutil), as far as a
+    real IPython shell can be it: ``%load_ext nbmon`` says in one line what
+    nbmon needs, no traceback; ``%resmon`` says it again and a ``%%resmon``
+    cell still runs."""
+    shell = subprocess.run([sys.executable, "-m", "IPython", "--quick", "--colors=NoColor", "--no-banner", "-c", LITE],
+                           capture_output=True, text=True, timeout=120)
+    lines = shell.stderr.splitlines()
+    assert len(lines) == 3 and len(set(lines)) == 1, shell.stderr
+    assert re.fullmatch(r"nbmon is not available in this kernel \(emscripten, no threads and /proc or psutil\): "
+                        r"it needs threads and .*/proc or psutil.*", lines[0]), lines[0]
+    assert "Traceback" not in shell.stdout and shell.stdout.split() == ["cell", "ran", "on", "42"], shell.stdout

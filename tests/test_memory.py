@@ -31,6 +31,7 @@ from nbmon.engine import Monitor
 PY = sys.executable
 NBMON = [PY, "-m", "nbmon.cli"]
 MIB = 1 << 20
+RSS_SUM_ROW = "Peak RSS sum (shared pages in each process)"
 
 
 class PssPoller:
@@ -179,7 +180,7 @@ def test_forked_workers_count_their_parents_array_once(tmp_path):
     # The RSS sum still has the array once per process, under its honest name.
     assert summary.peak_rss_mb > 4.5 * 1024, summary
     rows = rows_of(summary)
-    assert "Peak RSS sum (shared pages in each process)" in rows
+    assert RSS_SUM_ROW in rows
     # The container's limit stands beside the container's usage, never beside a per-process sum.
     assert summary.memory_limit_mb == 3072
     assert container_peak - 150 <= summary.peak_container_mem_mb <= container_peak + 5, \
@@ -370,6 +371,60 @@ def test_a_short_childs_300_mib_is_in_the_peak_and_the_label_holds(tmp_path, how
         assert summary.peak_mem_mb >= root_mib + 300 - 20, (trial, summary, child_mib)
         if summary.peak_mem_kind == "upper bound":                         # "at least the true peak"
             assert summary.peak_mem_mb >= root_mib + child_mib - 25, (trial, summary, child_mib)
+
+
+# 200 MiB of a file mapped shared and read through; with "fork", a child reads it too.
+SHARED_FILE = """
+import mmap
+f = open(sys.argv[1] + ".data", "rb")
+m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+def touch():
+    return sum(m[k] for k in range(0, len(m), 4096))
+touch()
+child = os.fork() if {fork} else -1
+if child == 0:
+    touch()
+    while not os.path.exists(sys.argv[1] + ".end"):
+        time.sleep(0.005)
+    os._exit(0)
+open(sys.argv[1] + ".ready", "w").close()
+while not os.path.exists(sys.argv[1] + ".go"):
+    time.sleep(0.005)
+time.sleep(1.0)
+open(sys.argv[1] + ".done", "w").close()
+while not os.path.exists(sys.argv[1] + ".end"):
+    time.sleep(0.005)
+if child > 0:
+    os.waitpid(child, 0)
+"""
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["lone-process", "forked-child"])
+def test_the_rss_sum_shows_only_for_a_tree_that_shares_pages_within(tmp_path, fork):
+    """A process maps 200 MiB of a file that a process outside its tree maps
+    too: its RSS is 200 MiB, its PSS ~100. Alone, the RSS sum explains
+    nothing of it (no row); with a forked child reading the same pages, the
+    RSS sum (~400 MiB against ~130 of PSS) is what other tools show, and the
+    row says why."""
+    data = tmp_path / "work.data"
+    data.write_bytes(os.urandom(200 * MIB))
+    outside = subprocess.Popen([PY, "-c", "import mmap, sys, time; f = open(sys.argv[1], 'rb'); "
+                                "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); "
+                                "sum(m[k] for k in range(0, len(m), 4096)); print('ok', flush=True); "
+                                "time.sleep(600)", str(data)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert outside.stdout.readline().strip() == "ok"
+        work = Workload(SHARED_FILE.format(fork=fork), tmp_path)
+        try:
+            summary, _ = work.span(system=False)
+        finally:
+            work.close()
+    finally:
+        outside.kill()
+        outside.wait()
+    assert summary.max_processes == (2 if fork else 1), summary
+    assert summary.peak_rss_mb > summary.peak_mem_mb + 80, summary   # pages shared, either way
+    assert (RSS_SUM_ROW in rows_of(summary)) == fork, rows_of(summary)
 
 
 # -- 5. CPU that a tree can use ---------------------------------------------------------

@@ -270,7 +270,9 @@ class Dashboard(LiveView):
             "type": "line", "name": WARNING_LINE, "xref": f"{x} domain", "x0": 0, "x1": 1, "yref": yref,
             "y0": threshold, "y1": threshold, "layer": "above",
             "line": {"width": 1.2, "dash": "dot", "color": LIMIT_COLOR},
-            "label": {"text": f"memory warning {fmt(watch.percent, '%')}", "textposition": "end",
+            # Whose memory, of what limit, and where the line stands.
+            "label": {"text": f"{'container limit' if container else 'machine memory'} "
+                              f"{fmt(watch.percent, '%')}: {fmt(threshold, 'MiB')}", "textposition": "end",
                       "font": {"size": 9}}}]
         notes = []
         if watch.warning is not None:

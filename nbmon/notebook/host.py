@@ -390,21 +390,27 @@ class SessionHost:
                 "buffers": [t.tobytes(), wall.tobytes(), *(column.tobytes() for column in values.values())]}
 
     # -- live views -----------------------------------------------------------------
-    def view_open(self, options: dict | None = None, window_s: float = 600.0) -> dict:
+    def view_open(self, options: dict | None = None, window_s: float = 600.0, own_output: bool = False) -> dict:
         """A live dashboard of the session's monitor (made, not started,
         if none runs): its record's outputs to display now, with the display
-        ids its updates use; :meth:`view_start` then starts both."""
+        ids its updates use; :meth:`view_start` then starts both. With
+        ``own_output`` a third, empty at first: the chart as a widget view
+        once it is made, empty again once it stops (a front end whose widget
+        manager makes models only for widget views, each output in a frame
+        of its own: Colab)."""
         from .dashboard import Dashboard
 
         monitor, self._unstarted = self._monitor(options, "view")
         sizing = monitor.options.variables   # once view_start() has started it
         view = Dashboard(monitor, window_s=window_s, cells=self.bands, build=False, start=False)
-        table_id, picture_id = uuid.uuid4().hex, uuid.uuid4().hex
+        ids = [uuid.uuid4().hex for _ in range(3 if own_output else 2)]
         if self.kernel:
-            view.handle, view.picture_handle = _Handle(self.outlet, table_id), _Handle(self.outlet, picture_id)
-        self.views.append((view, table_id, picture_id))
-        return {"ids": [table_id, picture_id], "table": bundle(view), "picture": bundle(view.picture()),
-                "variables": sizing}
+            view.handle, view.picture_handle = _Handle(self.outlet, ids[0]), _Handle(self.outlet, ids[1])
+            if own_output:
+                view.chart_handle = _Handle(self.outlet, ids[2])
+        self.views.append((view, ids[0], ids[1]))
+        return {"ids": ids, "table": bundle(view), "picture": bundle(view.picture()), "variables": sizing,
+                **({"chart": {"data": {"text/plain": ""}, "metadata": {}}} if own_output else {})}
 
     def view_start(self) -> None:
         """Start the newest view, and the monitor it was made for."""

@@ -37,7 +37,9 @@ plotly's widget bundle (plotly.js, ~5 MB) reaches the page once per
 process, as a custom message: :func:`push_bundle` sends it as soon as
 ``%resmon`` is asked for a chart (the page takes ~1.2 s to import it, which
 then runs while the kernel starts its sampler and builds the view), else the
-first view sends it; a page that missed it asks a view for it.
+first view sends it; a page that missed it asks a view for it (at once
+where the view's state says it had been sent: Voila's page connects after
+the notebook ran).
 
 The first plotly FigureWidget of a process cost ~1-2.5 s of GIL-holding
 imports, nearly all of it nbformat -> jsonschema -> rfc3987_syntax (which
@@ -63,6 +65,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import frontend
+from ..report.render import Output
 from .charts import Record
 
 DEFAULT_REFRESH_HZ = 2.0   # frames a second at most: ~2 KiB/s of websocket traffic at 10 Hz sampling
@@ -73,10 +76,14 @@ FIRST_SAMPLE_WAIT_S = 2.0  # a view built by its refresher waits this long for a
 LOADER = frontend.module("dashboard/index.js")   # js/dashboard/ and format.js, as one text
 EVENTS = ("hover", "unhover", "click", "select", "deselect")   # plotly's trace events
 EVENTS_EVERY_S = 2.0       # how often the widget's callbacks are looked for: a walk of its whole layout
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _classes: dict[str, type] = {}
 _classes_lock = threading.Lock()
 _bundle_lock = threading.Lock()
 _bundle_sent = False   # once per process: pages that missed it ask
+# Sent before a widget's state was made: a page that then has no copy (Voila's
+# connects after the notebook ran, Colab makes no carrier model) asks at once.
+_bundle_pushed = False
 
 
 # -- arguments ---------------------------------------------------------------------
@@ -144,7 +151,9 @@ def plotly_bundle() -> tuple[str, pathlib.Path]:
 def send_bundle(widget) -> None:
     """Send plotly's bundle to the page through ``widget``, a widget of
     nbmon's front end (js/dashboard/bundle.js: loadBundle)."""
+    global _bundle_pushed
     widget.send({"type": "nbmon:bundle"}, [plotly_bundle()[1].read_bytes()])
+    _bundle_pushed = True
 
 
 def _claim_bundle() -> bool:
@@ -216,7 +225,7 @@ def _make_widget_class() -> type:
         _nbmon = traitlets.Dict().tag(sync=True)
 
         def __init__(self, figure=None, nbmon: dict | None = None):
-            self._nbmon_first = {"bundle": version, **(nbmon or {})}
+            self._nbmon_first = {"bundle": version, "pushed": _bundle_pushed, **(nbmon or {})}
             super().__init__(figure)
 
         @traitlets.default("_nbmon")
@@ -308,6 +317,7 @@ class LiveView:
         self.live_id = uuid.uuid4().hex
         self.handle = None          # the display handles of the record's table and picture,
         self.picture_handle = None  # set by whoever displays them (:meth:`picture`)
+        self.chart_handle = None    # the chart's own output, where the front end needs one (see below)
         self.refreshes = 0          # frames sent to the widget
         self.skipped = 0            # refreshes with nothing new
         self.errors = 0             # exceptions caught in the refresher thread
@@ -353,6 +363,10 @@ class LiveView:
         self.widget = widget_class()(fig, nbmon={
             "id": self.live_id, "window": self.window_s, "stale_s": stale_s, "events": [],
             "cells": cells or [], "streams": streams, "layout": layout or {}})
+        if self.chart_handle is not None:   # a widget view, for a manager that makes models only for those
+            self.chart_handle.update(Output({WIDGET_VIEW: {"version_major": 2, "version_minor": 0,
+                                                           "model_id": self.widget.model_id},
+                                             "text/plain": "nbmon live chart"}))
 
     def _declare(self, *, streams: list[dict] | None = None, layout: dict | None = None) -> None:
         """Re-send the streams or the layout patch as state, where they changed."""
@@ -501,8 +515,21 @@ class LiveView:
             self._shown_empty = not self._samples()
             shown = self._record()
             self.handle.update(shown.table())
+            self._send_record(shown)
             if self.picture_handle is not None:
                 self.picture_handle.update(shown.picture())
+
+    def _send_record(self, shown: Record) -> None:
+        """The record's table and timeline to the page through the widget too:
+        a page that applies no display update (Voila's, once rendered) writes
+        them into the record it shows (js/dashboard/live.js: "nbmon:record")."""
+        if self.widget is None:
+            return
+        msg = {"type": "nbmon:record", "html": shown.table().data["text/html"]}
+        if self.picture_handle is not None and shown.timeline is not None:
+            msg["picture"] = {"png": shown.picture().data["image/png"],
+                              "width": shown.timeline.width, "height": shown.timeline.height}
+        self.widget.send(msg)
 
     def cell_ended(self) -> None:
         """A cell ended: re-send the record now, or once :data:`RECORD_MIN_S`
@@ -523,8 +550,11 @@ class LiveView:
     def close(self) -> Record:
         """Freeze, then close the widget's comm; returns the static record."""
         final = self.freeze()
+        if self.chart_handle is not None:   # the record beside it stays: no view of a closed model is kept
+            self.chart_handle.update(Output({"text/plain": ""}))
         if self.widget is not None:
             # Said first, so that the front end does not mark the chart "disconnected".
+            self._counted(lambda: self._send_record(final))
             self._counted(lambda: self.widget.send({"type": "nbmon:stopped"}))
             self.widget.close()
         return final

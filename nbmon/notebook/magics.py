@@ -8,6 +8,7 @@ host updates them later.
 from __future__ import annotations
 
 import ast
+import os
 import sys
 
 from IPython.core.error import UsageError
@@ -117,6 +118,14 @@ class _Outlet:
         print(text, file=sys.stderr, flush=True)
 
 
+def _own_chart_output() -> bool:
+    """Whether the live chart needs an output of its own: a front end that
+    renders each output in its own frame, with a widget manager that makes
+    models only for widget-view outputs (Colab; elsewhere
+    NBMON_CHART_OUTPUT=widget asks for it)."""
+    return "google.colab" in sys.modules or os.environ.get("NBMON_CHART_OUTPUT") == "widget"
+
+
 def _said(err: Exception) -> None:
     """An nbmon error never reaches the user's cell: one line, and the cell runs on."""
     text = str(err)
@@ -224,10 +233,10 @@ class ResmonMagics(Magics):
                       f"%resmon stop first to change it")
             # The record shows at once, before the sampler starts (its first
             # figures and the chart follow from the host).
-            view = host.view_open(options_dict(options), window)
+            view = host.view_open(options_dict(options), window, own_output=_own_chart_output())
             SESSION.sizes.watch(view["variables"])
-            for bundle, display_id in zip((view["table"], view["picture"]), view["ids"]):
-                _show(bundle, display_id)
+            for key, display_id in zip(("table", "picture", "chart"), view["ids"]):
+                _show(view[key], display_id)
             host.view_start()
             if outputs:
                 host.start(options_dict(options), outputs, args.force)

@@ -291,8 +291,10 @@ def _row(metric: catalog.Metric, shown: catalog.Shown, figures: dict) -> tuple[s
     if all(v is None for v in values) or (shown.when == "nonzero" and not value):
         return None
     if shown.when == "above":
-        other = figures.get(figure_key(PEAK, shown.other))
-        if other is None or value is None or value <= max(other * catalog.ABOVE_SHARE, other + catalog.ABOVE_MB):
+        # A lone process's pages shared with processes outside the tree explain nothing here.
+        other, processes = figures.get(figure_key(PEAK, shown.other)), figures.get(figure_key(PEAK, "proc_count"))
+        if other is None or value is None or value <= max(other * catalog.ABOVE_SHARE, other + catalog.ABOVE_MB) \
+                or processes is None or processes < 2:
             return None
     if shown.form == "peak":
         kind, bound = figures.get("kind_" + metric.name), figures.get("bound_" + metric.name)

@@ -13,12 +13,15 @@ const BUNDLES = (globalThis.__nbmonPlotlyBundles ??= new Map());
 // model (its "_nbmon" says carrier: true, nothing else) as %resmon starts, so
 // that the page imports it while the kernel builds the chart, or else through
 // its first dashboard's model; a page that missed it (reloaded, a second tab)
-// asks a dashboard for it after ASK_AFTER_MS. Asking needs the kernel's main
-// thread, which a running cell holds: a push does not.
+// asks a dashboard for it after ASK_AFTER_MS; at once where the kernel had
+// pushed it before the dashboard's model was made and the page has no copy
+// (Voila's page connects after the notebook ran). Asking needs the kernel's
+// main thread, which a running cell holds: a push does not.
 const ASK_AFTER_MS = 3000;
 
 export function loadBundle(model, ask = true) {
-  const version = model.get("_nbmon").bundle;
+  const { bundle: version, pushed } = model.get("_nbmon");
+  const missed = pushed && !BUNDLES.has(version);
   if (!BUNDLES.has(version)) {
     const entry = { done: false, asked: false };
     entry.promise = new Promise((resolve, reject) => Object.assign(entry, { resolve, reject }));
@@ -37,7 +40,7 @@ export function loadBundle(model, ask = true) {
     if (entry.done || entry.asked) return;
     entry.asked = true;
     model.send({ type: "nbmon:bundle" });
-  }, ASK_AFTER_MS);
+  }, missed ? 0 : ASK_AFTER_MS);
   return entry.promise;
 }
 

@@ -94,12 +94,10 @@ import { PAGE } from "./page.js";
 import { loadBundle } from "./bundle.js";
 import { Live } from "./live.js";
 
-const STYLE_ID = "nbmon-live-style-4";
+const STYLE_ID = "nbmon-live-style-5";
 const CSS = `
 .nbmon-live-record.nbmon-live-mounted > .nbmon-live-static { display: none; }
-.jp-OutputArea-child:has(.nbmon-live-record.nbmon-live-mounted) + .jp-OutputArea-child:has(.jp-RenderedImage) {
-  display: none;
-}
+[data-nbmon-live-output]:has(.nbmon-live-record.nbmon-live-mounted) + :has(img) { display: none; }
 /* Its height set where it is drawn: a redraw lays out the chart, not the notebook around it. */
 .nbmon-live-view { width: 100%; min-width: 0; contain: strict; position: relative; }
 .nbmon-live-view > .nbmon-lines { position: absolute; left: 0; top: 0; pointer-events: none; }
@@ -143,6 +141,7 @@ export default {
     const live = PAGE.lives.get(model.get("_nbmon").id);
     if (!live) return undefined;
     await live.ready;
+    el.classList.add("nbmon-live-view");   // styled as a mounted view: its lines' canvas lies over the plot
     const view = live.addView(el);
     return () => live.removeView(view);
   },

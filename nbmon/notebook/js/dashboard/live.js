@@ -31,6 +31,23 @@ const MODEBAR_PX = 4 * 28;      // what is left of it: zoom, pan, autoscale, dow
 const TITLE_PX = 24;            // a title line (14 px font)
 const LEGEND_PX = 20;           // a legend line, before plotly has drawn one
 
+// The element that holds the record's output, whatever the front end calls it
+// (JupyterLab, VS Code, Voila): its first ancestor with a next sibling, which
+// is the timeline picture's output (the kernel displays it right after the
+// record).
+function recordOutput(record) {
+  for (let el = record.parentElement; el && el !== document.body; el = el.parentElement) {
+    if (el.nextElementSibling) return el;
+  }
+  return null;
+}
+
+// Marked, so that the style hides that picture under the chart.
+function markOutput(record) {
+  const output = recordOutput(record);
+  if (output?.nextElementSibling.querySelector("img")) output.setAttribute("data-nbmon-live-output", "");
+}
+
 export class Live {
   constructor(model) {
     this.model = model;
@@ -147,6 +164,7 @@ export class Live {
       record.prepend(view.root);
       record.classList.add("nbmon-live-mounted");
       record.querySelector(":scope > .nbmon-live-note")?.remove();
+      markOutput(record);
     }
     // A view whose record left the page for good (its output cleared) goes too.
     for (const view of [...this.views.values()]) {
@@ -248,6 +266,7 @@ export class Live {
     if (!msg) return;
     if (msg.type === "nbmon:stopped") this.stopped = true;
     if (msg.type === "nbmon:events") this.events = new Set(msg.events);
+    if (msg.type === "nbmon:record") this.rewrite(msg.html, msg.picture);
     if (msg.type !== "nbmon:append" || !this.taken()) return;
     this.heard = performance.now();
     let at = 0;
@@ -270,6 +289,23 @@ export class Live {
       this.sortCells();
     }
     this.drawAll();
+  }
+
+  /**
+   * The kernel's record, re-sent: its figures into every record of ours in
+   * the page, and its timeline into the picture after it (where the front
+   * end applied the display updates, the same).
+   */
+  rewrite(html, picture) {
+    const fresh = new DOMParser().parseFromString(html, "text/html").querySelector(".nbmon-live-static");
+    if (!fresh) return;
+    for (const record of document.querySelectorAll(`.nbmon-live-record[data-nbmon-live="${this.id}"]`)) {
+      record.querySelector(":scope > .nbmon-live-static")?.replaceWith(document.importNode(fresh, true));
+      const img = picture && recordOutput(record)?.nextElementSibling.querySelector("img");
+      if (!img) continue;
+      img.src = `data:image/png;base64,${picture.png}`;
+      Object.assign(img, { width: picture.width, height: picture.height });
+    }
   }
 
   themeChanged(only) {
