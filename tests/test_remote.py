@@ -14,9 +14,9 @@ import pytest
 from IPython.utils.capture import capture_output
 
 import nbmon
-from helpers import wait_until
+from helpers import in_forked_child, wait_until
 from nbmon.notebook import remote
-from nbmon.notebook.remote import HostError, Reader, RemoteHost, pack, unpack
+from nbmon.notebook.remote import Reader, RemoteHost, pack, unpack
 from nbmon.notebook.session import SESSION, Outlet
 
 
@@ -177,3 +177,32 @@ def test_nbmon_monitor_from_a_script_is_the_helpers(session):
     wait_until(lambda: session.host.info()["samples"] >= 2, what="samples")
     summary = session.stop()
     assert summary.num_samples >= 2 and not monitor.running
+
+
+def test_a_fork_after_the_helper_ended_leaves_the_childs_descriptors_alone():
+    """The helper gone and its pipes closed, their numbers are reused by the
+    user's own files; a process forked then (a DataLoader worker) keeps
+    every one of them: nbmon's fork hook closes only what nbmon still holds."""
+    made = RemoteHost(os.getpid(), Recorder(), kernel=True)
+    numbers = {made.proc.stdin.fileno(), made.proc.stdout.fileno(), made._replies.fd}
+    made.bye()
+    wait_until(lambda: made.gone and not made._thread.is_alive(), what="the helper to end")
+    held = []
+    while not numbers <= set(held):   # the lowest free numbers first: the helper's old ones
+        held.append(os.open(os.devnull, os.O_RDONLY))
+    try:
+        def child():
+            return {fd: _open(fd) for fd in numbers}
+
+        assert all(in_forked_child(child).values())
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def _open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False

@@ -296,12 +296,13 @@ class SessionHost:
         shorter than its ``min_duration_s``; ``variables``: the kernel's
         namespace at its end (:meth:`Variables.to_dict`), for its summary
         and the black box. The answer says whether it was
-        kept, its duration, whether its meter showed (``meter_shown``), and
+        kept, whether its meter showed (``meter_shown``), and
         for ``show`` "summary" its summary (a dict), for "record" that and
         its record's outputs (``extra_html`` added to the table), for "line"
         (a kept cell) that and auto mode's line. Otherwise its summary is
-        made once the answer is sent (:meth:`after`): a quiet cell's kernel
-        does not wait for it."""
+        made once the answer is sent (:meth:`after`), and for a cell kept
+        whatever its length its last sample too: a quiet cell's kernel waits
+        for neither."""
         cell = self._cells.pop(token)
         with self._lock:
             cell.closed = True
@@ -316,16 +317,11 @@ class SessionHost:
         if variables is not None:
             record.variables = Variables.from_dict(variables)
             self.note.hold(record.variables.for_box(record.execution_count))
-        if cell.span.window.closed is None:
-            self.monitor.sample_now()   # the cell's last sample
-        record.stats = cell.span.window.close()
-        if cell.feed is not None:
-            cell.feed.finish("done" if status == "ok" else status)
-            cell.meter.close()
-        kept = not record.stats.duration < cell.min_duration_s
-        out = {"kept": kept, "duration_s": record.stats.duration, "meter_shown": cell.meter is not None}
-        if kept:
-            self._keep(record)
+        out = {"kept": True, "meter_shown": cell.meter is not None}
+        if not show and not cell.min_duration_s:
+            self._later(lambda: self._end(cell) and self._summarize(record))
+            return out
+        out["kept"] = kept = self._end(cell)
         if not (show and kept or show == "summary"):
             if kept:
                 self._later(lambda: self._summarize(record))
@@ -340,6 +336,20 @@ class SessionHost:
         elif show == "line":
             out["line"] = one_line(record)
         return out
+
+    def _end(self, cell: _OpenCell) -> bool:
+        """A closed cell's last sample and statistics; whether the history keeps it."""
+        record = cell.record
+        if cell.span.window.closed is None:
+            self.monitor.sample_now()   # the cell's last sample
+        record.stats = cell.span.window.close()
+        if cell.feed is not None:
+            cell.feed.finish("done" if record.status == "ok" else record.status)
+            cell.meter.close()
+        kept = not record.stats.duration < cell.min_duration_s
+        if kept:
+            self._keep(record)
+        return kept
 
     def _summarize(self, record: CellRecord) -> None:
         if record.summary is None:

@@ -138,6 +138,9 @@ class RemoteHost:
         self._out = self.proc.stdin.fileno()
         self._reader = Reader(self.proc.stdout.fileno())
         self._replies = Reader(replies)
+        # Closed through these objects only: once closed they know it, where a
+        # number may already be another file of the user's (after a fork too).
+        self._pipes = (self.proc.stdin.raw, self.proc.stdout.raw, os.fdopen(replies, "rb", buffering=0))
         self._send_lock = threading.Lock()
         self._call_lock = threading.Lock()   # one call at a time: its answer is the next on the pipe
         self._next = 0
@@ -282,20 +285,19 @@ class RemoteHost:
             return
         EXCLUDED.discard(self.proc.pid)
         with self._call_lock:   # not while a call still reads its answer
-            for close in (self.proc.stdin.close, self.proc.stdout.close, lambda: os.close(self._replies.fd)):
-                try:
-                    close()
-                except OSError:
-                    pass
+            self._close_pipes()
 
     def after_fork_in_child(self) -> None:
         """In a forked child (a DataLoader worker): not the kernel. Its copies
         of the pipes go, so that the helper still sees the kernel's end."""
         self.gone = "this is a forked child of the kernel"
         self._call_lock = threading.Lock()
-        for fd in (self._out, self._reader.fd, self._replies.fd):
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for pipe in self._pipes:
             try:
-                os.close(fd)
+                pipe.close()
             except OSError:
                 pass
 
