@@ -134,7 +134,6 @@ def memmap(versions, runs):
             got[v].append(watched(tm.MEMMAP.replace('while not os.path.exists(sys.argv[1] + ".end"):\n    time.sleep(0.005)\n', ""), d)[0])
     rows = []
     for v in versions:
-        said = [next((t for t, _ in r["rows"] if "by kind" in t or "growth" in t.lower()), "") for r in got[v]]
         split = [next((text for t, text in r["rows"] if "by kind" in t), "no split") for r in got[v]]
         rows.append([v, med([r["growth"] for r in got[v]]), med([r["file_growth"] for r in got[v]]), split[-1]])
     return table("A 512 MiB file read through np.memmap (truth: 512 MiB of page cache)",
@@ -216,7 +215,7 @@ def daemons(versions, runs):
     rows = []
     for v, d in versions.items():
         said = 0
-        for k in range(runs):
+        for _ in range(runs):
             with tempfile.TemporaryDirectory() as tmp:
                 pid_file = os.path.join(tmp, "daemon")
                 done = subprocess.run([PY, "-m", "nbmon.cli", "run", "--quiet", "--", PY, "-c", tm.DAEMON, pid_file],

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from nbmon import catalog
-from nbmon import format as nbformat
 from nbmon.format import MISSING, UNITS, fmt, is_unknown
 
 CASES_PATH = Path(__file__).with_name("format_cases.json")

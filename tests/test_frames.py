@@ -158,7 +158,7 @@ def test_frame_of_a_million_samples_is_small_float32_and_keeps_the_spike(store_n
     store = request.getfixturevalue(store_name)
     frame = build_frame(store, COLUMNS, 600.0)
     check_frame(frame, COLUMNS)
-    for x, y in frame.values():
+    for x, _ in frame.values():
         assert len(x) == 2000
         assert x[-1] > -1.0                       # reaches (about) now
         assert x[0] >= -600.0

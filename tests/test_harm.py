@@ -370,7 +370,7 @@ def test_samples_the_store_decimated_during_an_outage_are_counted_and_reported(t
     assert run["lost"] > 0 and len(run["elapsed"]) + run["lost"] == run["seq"]
     assert all(a < b for a, b in zip(run["elapsed"], run["elapsed"][1:]))
     count, first = run["faults"]["Counting backlog"]
-    assert f"samples were decimated by the store before Counting could take them" in first
+    assert "samples were decimated by the store before Counting could take them" in first
 
 
 # -- long sessions: the per-cell history is bounded ---------------------------------------------

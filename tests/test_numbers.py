@@ -17,7 +17,6 @@ import psutil
 import pytest
 
 from helpers import wait_until
-from nbmon.compat.calibrax import ResourceMonitor
 from nbmon.engine import Monitor
 
 PY = sys.executable

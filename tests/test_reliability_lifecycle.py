@@ -30,7 +30,6 @@ import psutil
 import pytest
 from helpers import DEADLINE_S, StubSource, fd_count, figure, in_forked_child, nbmon_threads, wait_until
 
-import nbmon.notebook.session
 import nbmon.sources.gpus.nvml as nvml
 from nbmon.sinks.consumers import SampleForwarder
 from nbmon.engine import Monitor

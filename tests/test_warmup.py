@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 
-import nbformat
 import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook

@@ -88,7 +88,7 @@ def _stats_dict(stats, gpu_count: int, tree: bool, network: dict | None) -> Stat
             out[key] = int(round(value)) if template in _WHOLE else float(value)
 
     for i in range(gpu_count):
-        device = _figures(stats, lambda m: catalog.device_column(i, m.name) if m.source == catalog.DEVICE else m.name)
+        device = _figures(stats, lambda m, i=i: catalog.device_column(i, m.name) if m.source == catalog.DEVICE else m.name)
         for group in _GPU_GROUPS:
             if all(device[key] == device[key] for key in group):
                 for key in group:

@@ -275,8 +275,8 @@ test("a scene on a canvas already its size keeps the canvas (a resize would clea
   paintScene(ctx, scene);
   let resized = 0;
   const { width, height } = canvas;
-  Object.defineProperty(canvas, "width", { get: () => width, set: () => (resized += 1) });
-  Object.defineProperty(canvas, "height", { get: () => height, set: () => (resized += 1) });
+  Object.defineProperty(canvas, "width", { get: () => width, set: () => { resized += 1; } });
+  Object.defineProperty(canvas, "height", { get: () => height, set: () => { resized += 1; } });
   paintScene(ctx, scene);
   assert.equal(resized, 0);
 });

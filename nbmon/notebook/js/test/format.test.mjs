@@ -68,7 +68,7 @@ test("text never has an exponent or a double space", () => {
       for (const x of [10 ** exp, -(10 ** exp), 1.5 * 10 ** exp]) {
         const text = fmt(x, unit, { signed: true });
         assert.doesNotMatch(text.replace(/[EP]iB/, ""), /e/, `${x} ${unit}`);
-        assert.doesNotMatch(text, /  |^ | $/, `${x} ${unit}`);
+        assert.doesNotMatch(text, / {2}|^ | $/, `${x} ${unit}`);
       }
     }
   }
