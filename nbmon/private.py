@@ -174,6 +174,18 @@ def pid_started(pid: int) -> int | None:
         return None
 
 
+def pid_running(pid: int, started: int) -> bool:
+    """Whether the process ``pid`` that started at ``started`` still runs:
+    there, not another one on its reused pid, not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            line = f.read()
+        fields = line[line.rindex(b")") + 2:].split()
+        return fields[0] not in (b"Z", b"X") and int(fields[19]) == started
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def started_in(stat_line: bytes) -> int:
     """The start time in a /proc/<pid>/stat line (ValueError, IndexError if
     it is not one)."""

@@ -69,6 +69,26 @@ def gone_pid() -> int:
     return pid
 
 
+def venv_over_this_environment(path, *, pip: bool = False) -> str:
+    """A new virtual environment at ``path`` that sees this interpreter's
+    packages (nbmon among them) after its own, and has the user's
+    site-packages enabled; its python. ``--system-site-packages`` alone
+    gives the base installation's packages, not those of a virtual
+    environment the tests run in: a .pth adds this one's."""
+    import site
+
+    args = [sys.executable, "-m", "venv", "--system-site-packages", str(path)]
+    subprocess.run(args if pip else [*args, "--without-pip"], check=True, timeout=120)
+    python = os.path.join(str(path), "bin", "python")
+    if sys.prefix != sys.base_prefix:
+        purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+        with open(os.path.join(purelib, "_outer_environment.pth"), "w") as f:
+            f.write("import site; " + "; ".join(f"site.addsitedir({d!r})" for d in dirs) + "\n")
+    return python
+
+
 def figure(scenario: str, **values) -> None:
     """Print a measured figure (run with -s to see them) for benchmarks/RELIABILITY.md."""
     print(f"\nFIGURE {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items()))

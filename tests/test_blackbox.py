@@ -117,6 +117,31 @@ def test_a_monitor_that_stops_removes_its_box(boxes):
     assert monitor.faults == {}
 
 
+def test_a_box_kept_for_another_process_ends_with_its_last_sign_of_life(boxes):
+    # As the kernel's helper keeps its box, and samples on for up to a second
+    # after the kernel died (an OOM kill counted then would read as "no OOM kill").
+    from nbmon.postmortem.blackbox import BlackBox, CellNote
+
+    kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    monitor = Monitor(interval=0.05, gpu=False)   # samples on whatever the box's process does
+    monitor.attach(BlackBox(CellNote(), pid=kernel.pid))
+    try:
+        with monitor:
+            path = wait_until(lambda: boxes.is_dir() and next((boxes / n for n in os.listdir(boxes)
+                                                               if n.startswith(f"{kernel.pid}-")), None),
+                              what="the box")
+            wait_until(lambda: len(blackbox.read_box(str(path)).records) >= 2, what="two records")
+            kernel.kill()
+            kernel.wait(30)
+            died = time.time()
+            time.sleep(2.5)   # the keeper samples on meanwhile
+            box = blackbox.read_box(str(path))
+    finally:
+        kernel.kill()
+        kernel.wait(30)
+    assert box.records[-1].wall <= died, (box.records[-1].wall, died)
+
+
 BEYOND_THE_BUDGET = """
     import json, os, resource, time
     resource.setrlimit(resource.RLIMIT_NOFILE, (80, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))

@@ -310,7 +310,9 @@ def test_lab_dashboard_is_quick_one_way_and_survives_the_kernel(lab, browser):
             lab.api(f"/api/kernels/{kernel['id']}/restart", method="POST", timeout=60.0)
         note = page.page.locator('.nbmon-live-record [data-nbmon="disconnected"]')
         note.wait_for(timeout=60_000)
-        assert page.page.locator(".nbmon-live-record.nbmon-live-stale").count() == 1   # dimmed
+        # Either the silence came first (the view stays, dimmed) or the restart closed the
+        # chart's model first (the view is gone, the record's figures show): no undimmed view.
+        assert page.page.locator(".nbmon-live-record:not(.nbmon-live-stale) > .nbmon-live-view").count() == 0
         page.shot("dashboard-disconnected.png")
         # kernel gone, notebook reopened: figures, not a widget error
         shut_down_kernels(lab)

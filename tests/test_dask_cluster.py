@@ -155,7 +155,8 @@ def test_a_tasks_subprocess_is_counted_in_its_workers_tree(cluster, watched):
     during = rows(feeds[a], ["max_proc_count", "max_proc_rss_mb"], done["t0"])
     assert np.nanmax(during["max_proc_count"]) >= 2
     grown = np.nanmax(during["max_proc_rss_mb"]) - just_before(feeds[a], "proc_rss_mb", done["t0"])
-    assert grown >= 0.9 * done["child_rss_mb"] > 190, (grown, done)
+    assert done["child_rss_mb"] >= 200, done   # the child's own bytes, whatever its interpreter's size
+    assert grown >= 0.9 * done["child_rss_mb"], (grown, done)
     assert np.nanmax(rows(feeds[b], ["max_proc_count"], done["t0"])["max_proc_count"]) == 1
 
 

@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import DEADLINE_S, FrontEnd, figure, wait_until
+from helpers import DEADLINE_S, FrontEnd, figure, venv_over_this_environment, wait_until
 from multiuser import other_user, shared_dir  # noqa: F401 (fixtures)
 
 import nbmon
@@ -123,13 +123,13 @@ def test_the_helper_starts_from_wherever_the_kernels_nbmon_came_from(tmp_path, w
     elif where == "user site-packages":
         env["HOME"] = str(tmp_path / "home")
         env.pop("PYTHONNOUSERSITE", None)
+        if sys.prefix != sys.base_prefix:   # a virtual environment has no user site: one that has
+            python = venv_over_this_environment(tmp_path / "venv")
         user_site = subprocess.run([python, "-c", "import site; print(site.getusersitepackages())"], env=env,
                                    capture_output=True, text=True, check=True).stdout.strip()
         copy = copy_of_nbmon(user_site)
     else:
-        subprocess.run([python, "-m", "venv", "--system-site-packages", "--without-pip", str(tmp_path / "venv")],
-                       check=True, timeout=120)
-        python = str(tmp_path / "venv" / "bin" / "python")
+        python = venv_over_this_environment(tmp_path / "venv")
         site_packages = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                        capture_output=True, text=True, check=True).stdout.strip()
         copy = copy_of_nbmon(site_packages)

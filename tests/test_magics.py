@@ -318,6 +318,20 @@ def test_dashboard_marks_each_cell_with_its_prompt_number(ip):
     assert "stopped" in html_of(final)
 
 
+@pytest.mark.parametrize("cell", ["rm_n = 1", "%%resmon --quiet\nrm_n = 2"])
+def test_every_hook_names_the_running_cell_by_its_own_prompt_number(ip, monkeypatch, cell):
+    # IPython's result of the cell is the truth; IPython >= 9.8 advances its
+    # count before pre_run_cell, older ones after it.
+    told = []
+    monkeypatch.setattr(SESSION, "notify", lambda method, *args: told.append((method, args[0])))
+    with capture_output():
+        ip.run_line_magic("resmon", "auto on --threshold 0")
+        result = ip.run_cell(cell, store_history=True)
+        ip.run_line_magic("resmon", "auto off")
+    assert told == [("cell_started", result.execution_count), ("cell_finished", result.execution_count)]
+    assert nbmon.history().iloc[-1]["execution_count"] == result.execution_count
+
+
 def test_in_a_terminal_the_record_is_shown_at_start_and_replaced_at_stop_only(ip):
     # This shell has no kernel, as in a terminal, where an update is printed
     # again: the first figures, a cell's end, the periodic refresh would each print.

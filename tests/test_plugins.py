@@ -10,12 +10,13 @@ import csv
 import json
 import os
 import subprocess
-import sys
 import textwrap
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+from helpers import venv_over_this_environment
 
 PLUGIN = {
     "pyproject.toml": """
@@ -166,8 +167,7 @@ def env(tmp_path_factory):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_text(textwrap.dedent(text).lstrip())
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
-    python = str(venv / "bin" / "python")
+    python = venv_over_this_environment(venv, pip=True)
     subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
                     str(source)], check=True, timeout=300, capture_output=True)
     state = root / "fakesmi.json"

@@ -11,7 +11,9 @@ import ast
 import os
 import sys
 
+import IPython
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display, update_display
@@ -42,13 +44,27 @@ def _seconds(text: str | None, name: str, default: float, *, zero_ok: bool = Fal
         raise UsageError(str(err)) from None
 
 
-def _prompt_number(shell) -> int:
-    """The prompt number of the running cell: IPython's result of the cell
-    knows it (``shell.execution_count`` is ahead by one in some versions and
-    front ends); the count itself outside a cell."""
+# IPython 9.8 advances the shell's count before ``pre_run_cell`` (it did so
+# after the cell before); 9.8's run_cell_async is where it changed.
+_COUNT_AHEAD_IN_PRE_RUN = IPython.version_info >= (9, 8)
+
+
+def prompt_number(shell, cell: ExecutionInfo | ExecutionResult | None = None) -> int | None:
+    """The prompt number of the running cell ("In [n]"): the one every hook,
+    record and band uses. ``cell`` is what IPython gave the hook:
+    ``pre_run_cell``'s ExecutionInfo, ``post_run_cell``'s ExecutionResult
+    (which knows it; None for a cell kept out of the history). Without one,
+    from inside a cell's code: IPython's result of the running cell, else
+    the shell's count."""
+    if isinstance(cell, ExecutionResult):
+        return cell.execution_count
+    count = shell.execution_count
+    if isinstance(cell, ExecutionInfo):
+        advanced = _COUNT_AHEAD_IN_PRE_RUN and cell.store_history and not cell.silent
+        return count - 1 if advanced else count
     result = getattr(shell.displayhook, "exec_result", None)
-    count = getattr(result, "execution_count", None)
-    return count if count is not None else shell.execution_count
+    number = getattr(result, "execution_count", None)
+    return number if number is not None else count
 
 
 def _user_traceback(shell, err: BaseException) -> None:
@@ -268,11 +284,12 @@ class ResmonMagics(Magics):
         if SESSION.host is None:
             return
         source = info.raw_cell or ""
-        SESSION.notify("cell_started", self.shell.execution_count, first_line(source))
+        number = prompt_number(self.shell, info)
+        SESSION.notify("cell_started", number, first_line(source))
         if self.auto_threshold_s is not None and not source.lstrip().startswith("%%resmon"):
             # Cells shorter than the threshold are neither shown nor kept in the history.
             try:
-                opened = SESSION.host.cell_open(number=self.shell.execution_count,
+                opened = SESSION.host.cell_open(number=number,
                                                 min_duration_s=self.auto_threshold_s)
             except Exception as err:  # noqa: BLE001
                 _said(err)
@@ -291,7 +308,7 @@ class ResmonMagics(Magics):
             error = result.error_in_exec or result.error_before_exec
             status = "ok" if error is None else "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
             try:
-                closed = SESSION.host.cell_close(token, status, show="line", number=result.execution_count,
+                closed = SESSION.host.cell_close(token, status, show="line", number=prompt_number(self.shell, result),
                                                  variables=variables)
             except Exception as err:  # noqa: BLE001
                 _said(err)
@@ -301,7 +318,7 @@ class ResmonMagics(Magics):
                     display({"text/html": f'<div class="nbmon-oneline" style="font:12px system-ui;'
                                           f'color:var(--jp-ui-font-color2, #555)">{_escape(closed["line"])}</div>',
                              "text/plain": closed["line"]}, raw=True)
-        SESSION.notify("cell_finished", result.execution_count, variables)
+        SESSION.notify("cell_finished", prompt_number(self.shell, result), variables)
 
     # -- a Dask cluster (nbmon.dask) -------------------------------------
     def _watch_cluster(self, name: str, options: Options, window: float) -> None:
@@ -348,7 +365,7 @@ class ResmonMagics(Magics):
     # -- cell magic ------------------------------------------------------
     def _run_cell(self, cell: str, options: Options, backend: str | None, args):
         shell = self.shell
-        number = _prompt_number(shell)
+        number = prompt_number(shell)
         try:
             host = SESSION.host_for(backend)
             opened = host.cell_open(options_dict(options), label=args.label, number=number,

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import catalog
-from ..private import open_private, pid_started, private_dir
+from ..private import open_private, pid_running, pid_started, private_dir
 from ..sources.procfs import BUDGET
 
 VERSION = 2               # 2: the variables held
@@ -455,6 +455,7 @@ class BlackBox:
         self._second_t0 = 0.0
         self._seq = 0
         self._cursor = 0
+        self._started: int | None = None   # the watched process's start time: its identity
         self._take: list[int | None] = []   # each field's row in the store's samples (None: not there)
         self._rows = np.zeros(0, dtype=int)
         self._container_at = [NAMES.index(c) for c in CONTAINER]
@@ -483,6 +484,10 @@ class BlackBox:
                 self._fold_container()
                 now = time.monotonic()
                 rolled = now - self._second_t0 >= RECORD_EVERY_S - CHECK_EVERY_S / 2
+                if self.pid != os.getpid() and not pid_running(self.pid, self._started):
+                    # Kept by the kernel's helper, which outlives it a moment: the box ends
+                    # with the kernel's last sign of life (its OOM kill not counted in it).
+                    return
                 # The samples are folded and the record written once a second, or at
                 # every check while the memory is near the warning threshold.
                 if rolled or self._near:
@@ -533,7 +538,7 @@ class BlackBox:
         if not BUDGET.take(1):
             os.close(fd)
             fd = None
-        self._fd, self.path, self._store = fd, path, store
+        self._fd, self.path, self._store, self._started = fd, path, store, header["started"]
         # The first consume writes a record at once: a kernel that dies in its first second has one.
         self._cursor, self._seq, self._second_t0 = 0, 1, -math.inf
         self._second = _Second(STATS)
