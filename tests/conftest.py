@@ -29,8 +29,44 @@ def no_leaked_threads(request):
     pytest.fail(f"test left threads running: {[t.name for t in leaked]}")
 
 
+# The suite's tiers (pytest -m NAME): what a test needs beyond this process.
+# A test in none of them is "quick": ``pytest -m quick`` runs in a few
+# minutes. CI runs every tier (.ci/run).
+TIERS = {
+    "browser": "drives headless Chromium (JupyterLab, Notebook 7, Voila, nbconvert's pages)",
+    "kernel": "runs notebooks in real Jupyter kernels",
+    "cluster": "starts a Dask cluster",
+    "multiuser": "acts as a real second local user (needs root)",
+    "slow": "takes ten seconds or more on its own (soaks, cycles, pip installs)",
+    "quick": "in none of the tiers above",
+}
+MODULE_TIERS = {
+    "test_browser": ("browser",), "test_dashboard_browser": ("browser",), "test_postmortem_browser": ("browser",),
+    "test_voila_browser": ("browser",), "test_record_viewers": ("browser", "kernel"),
+    "test_dask_browser": ("browser", "cluster"), "test_dask_cluster": ("cluster",),
+    "test_dask_notebook": ("cluster", "kernel"), "test_footprint": ("kernel",), "test_notebooks": ("kernel",),
+    "test_postmortem": ("kernel",), "test_variables": ("kernel",), "test_warmup": ("kernel",),
+    "test_soak": ("slow",), "test_reliability_lifecycle": ("slow",), "test_plugins": ("slow",),
+}
+FIXTURE_TIERS = {"other_user": "multiuser", "shared_dir": "multiuser", "cluster": "cluster"}
+SLOW_TESTS = ("test_a_sink_added_to_the_table_reaches_every_front_end", "test_a_daemon_the_command_left_is_named",
+              "test_20000_cells_keep_the_history_bounded")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "allow_stuck_thread: the test abandons a stuck thread on purpose")
+    for name, meaning in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        tiers = set(MODULE_TIERS.get(item.module.__name__, ()))
+        tiers.update(tier for fixture, tier in FIXTURE_TIERS.items() if fixture in item.fixturenames)
+        if item.name.startswith(SLOW_TESTS):
+            tiers.add("slow")
+        for tier in sorted(tiers) or ["quick"]:
+            item.add_marker(tier)
 
 
 @pytest.fixture(scope="session")
