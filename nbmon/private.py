@@ -174,15 +174,25 @@ def pid_started(pid: int) -> int | None:
         return None
 
 
+PF_EXITING = 0x4          # /proc/<pid>/stat's flags: the process has begun to exit
+SIGKILL_BIT = 1 << 8      # SIGKILL (9) in /proc/<pid>/status's signal masks
+
+
 def pid_running(pid: int, started: int) -> bool:
-    """Whether the process ``pid`` that started at ``started`` still runs:
-    there, not another one on its reused pid, not a zombie."""
+    """Whether the process ``pid`` that started at ``started`` still runs
+    and will: there, not another one on its reused pid, not a zombie, not
+    exiting, no SIGKILL pending (the OOM killer counts its kill, then sends
+    it: a process it chose may take a while to begin exiting)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             line = f.read()
         fields = line[line.rindex(b")") + 2:].split()
-        return fields[0] not in (b"Z", b"X") and int(fields[19]) == started
-    except (OSError, ValueError, IndexError):
+        if fields[0] in (b"Z", b"X") or int(fields[6]) & PF_EXITING or int(fields[19]) != started:
+            return False
+        with open(f"/proc/{pid}/status", "rb") as f:
+            pending = next(line for line in f if line.startswith(b"ShdPnd:"))
+        return not int(pending.split()[1], 16) & SIGKILL_BIT
+    except (OSError, ValueError, IndexError, StopIteration):
         return False
 
 

@@ -205,7 +205,12 @@ def test_what_each_kind_reports(monkeypatch):
           "many": [np.ones(1) for _ in range(MAX_ITEMS + 1)], "f": len, "n": 3, "mod": np, "_hidden": np.ones(10)}
     report = survey(ns)
     got = {v.name: v for v in report.grew}
-    assert got["frame"].nbytes == frame.memory_usage().sum() and not got["frame"].at_least   # pandas' own figure
+    usage = frame.memory_usage().sum()   # pandas' own figure
+    if frame["s"].dtype == object:   # pandas < 3: strings are Python objects, not walked: "at least";
+        # pandas also counts its categories' hash table there (108 B)
+        assert got["frame"].at_least and usage - 256 <= got["frame"].nbytes <= usage, (got["frame"], usage)
+    else:
+        assert got["frame"].nbytes == usage and not got["frame"].at_least
     assert got["objects"].at_least and got["objects"].nbytes == objects.memory_usage()   # objects not walked
     assert got["table"].nbytes == table.get_total_buffer_size()
     # An array over a bytes object shares its buffer: counted once, for the bytes.
