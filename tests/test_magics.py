@@ -355,6 +355,19 @@ def test_failing_cell_shows_the_users_code_with_its_prompt_number(ip):
     assert len(text.strip().splitlines()) < 12, text
 
 
+@pytest.mark.parametrize("body, shown", [("rm_v = 6\nrm_v * 7", True), ("rm_v = 6\nrm_v * 7;", False),
+                                         ("rm_v = 6\nrm_v * 7;  # hidden", False), ("rm_v = 6\nrm_v * 7 # a;", True)])
+def test_a_cells_value_and_a_trailing_semicolon_are_as_without_resmon(ip, body, shown):
+    outputs = {}
+    for name, cell in (("plain", body), ("resmon", "%%resmon --quiet\n" + body)):
+        with capture_output() as cap:
+            result = ip.run_cell(cell, store_history=True)
+        printed = re.sub(r"Out\[\d+\]", "Out[n]", cap.stdout)
+        outputs[name] = (result.result, result.execution_count in ip.user_ns["Out"], printed)
+    assert outputs["resmon"] == outputs["plain"]
+    assert (outputs["plain"][0] == 42) is shown
+
+
 def test_cell_record_table_and_timeline_give_the_same_figures(ip):
     nbmon.monitor(interval=0.02, gpu=False)   # one monitor across cells, as while %resmon runs
     try:

@@ -8,8 +8,10 @@ host updates them later.
 from __future__ import annotations
 
 import ast
+import io
 import os
 import sys
+import tokenize
 
 import IPython
 from IPython.core.error import UsageError
@@ -83,6 +85,17 @@ def _user_traceback(shell, err: BaseException) -> None:
         err._render_traceback_ = render
     except (AttributeError, TypeError):  # an exception type without a __dict__: its full traceback
         pass
+
+
+def _ends_with_semicolon(source: str) -> bool:
+    """Whether the cell's last token is ';' (comments and blank lines aside)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    ignored = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
+    last = next((token for token in reversed(tokens) if token.type not in ignored), None)
+    return last is not None and last.type == tokenize.OP and last.string == ";"
 
 
 def _unquote(text: str) -> str:
@@ -437,9 +450,11 @@ class ResmonMagics(Magics):
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         ns = shell.user_ns
         exec(shell.compile(tree, filename, "exec"), ns)
-        if last is not None:
-            return eval(shell.compile(ast.Expression(last.value), filename, "eval"), ns)
-        return None
+        if last is None:
+            return None
+        value = eval(shell.compile(ast.Expression(last.value), filename, "eval"), ns)
+        # A trailing ';' hides the value, and keeps it out of Out and _, as IPython does.
+        return None if _ends_with_semicolon(source) else value
 
     # -- auto mode -------------------------------------------------------
     def _auto(self, value: str | None, threshold: float = 1.0, options: Options | None = None,
