@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import traceback
 
 import pandas as pd
@@ -300,6 +301,22 @@ def test_samples_frame_round_trips_through_csv_and_parquet(ip, tmp_path):
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "s.parquet"), frame, check_freq=False)
 
 
+@pytest.mark.parametrize("order", ["meter first", "record first"])
+def test_the_record_stays_whether_its_meter_shows_before_or_after_it(order):
+    # The meter is shown from the host's thread, the record from the cell's: either may come first.
+    outlet = nbmon.notebook.magics._Outlet()
+    meter, record = ({"data": {"text/plain": name}, "metadata": {}} for name in ("meter", "record"))
+    with capture_output() as cap:
+        if order == "meter first":
+            outlet.show("m1", meter)
+            outlet.replace("m1", record)
+        else:
+            outlet.replace("m1", record)
+            outlet.show("m1", meter)
+    shown = [(o.data["text/plain"], o.update) for o in cap.outputs]
+    assert shown == ([("meter", False), ("record", True)] if order == "meter first" else [("record", False)])
+
+
 def test_dashboard_marks_each_cell_with_its_prompt_number(ip):
     with capture_output():
         ip.run_line_magic("resmon", "--interval 0.05 --backend thread")   # the session in this process: its bands
@@ -366,6 +383,23 @@ def test_a_cells_value_and_a_trailing_semicolon_are_as_without_resmon(ip, body, 
         outputs[name] = (result.result, result.execution_count in ip.user_ns["Out"], printed)
     assert outputs["resmon"] == outputs["plain"]
     assert (outputs["plain"][0] == 42) is shown
+
+
+def test_what_ipython_runs_after_the_cells_code_is_the_cells_too(ip):
+    # matplotlib's inline backend draws a cell's figures in post_execute, after its code
+    def draw():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.6:
+            pass
+
+    ip.events.register("post_execute", draw)
+    try:
+        with capture_output():
+            ip.run_cell("%%resmon --label plot\nrm_p = 1", store_history=True)
+    finally:
+        ip.events.unregister("post_execute", draw)
+    row = nbmon.history().iloc[-1]
+    assert row["label"] == "plot" and row["duration_sec"] >= 0.6 and row["cpu_time_sec"] >= 0.5, row
 
 
 def test_cell_record_table_and_timeline_give_the_same_figures(ip):

@@ -8,9 +8,11 @@ host updates them later.
 from __future__ import annotations
 
 import ast
+import collections
 import io
 import os
 import sys
+import threading
 import tokenize
 
 import IPython
@@ -67,6 +69,13 @@ def prompt_number(shell, cell: ExecutionInfo | ExecutionResult | None = None) ->
     result = getattr(shell.displayhook, "exec_result", None)
     number = getattr(result, "execution_count", None)
     return number if number is not None else count
+
+
+def _post_run_follows(shell) -> bool:
+    """Whether IPython runs ``post_run_cell`` after the code running now: a
+    cell's (not a silent one's, nor a direct ``run_cell_magic`` call's)."""
+    result = getattr(shell.displayhook, "exec_result", None)
+    return result is not None and not getattr(getattr(result, "info", None), "silent", True)
 
 
 def _user_traceback(shell, err: BaseException) -> None:
@@ -135,13 +144,40 @@ class _Outlet:
     """What the session's host sends on its own, shown here: a display
     updated by its id, a line in the running cell (ipykernel sends a
     thread's output to the cell that runs now; stderr, so that it reads as a
-    warning)."""
+    warning).
+
+    A cell's meter is shown from the host's thread and replaced by its
+    record from the cell's: whichever comes first, the record stays (a
+    meter still on its way when its record is shown is dropped)."""
+
+    ENDED_KEPT = 64   # meters ended before they showed: a bounded memory of them
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._shown: set[str] = set()
+        self._ended: collections.deque[str] = collections.deque(maxlen=self.ENDED_KEPT)
 
     def update(self, display_id: str, bundle: dict) -> None:
         update_display(bundle["data"], raw=True, metadata=bundle["metadata"], display_id=display_id)
 
     def show(self, display_id: str, bundle: dict) -> None:
-        _show(bundle, display_id)
+        with self._lock:
+            if display_id in self._ended:
+                self._ended.remove(display_id)
+                return
+            _show(bundle, display_id)
+            self._shown.add(display_id)
+
+    def replace(self, display_id: str, bundle: dict) -> None:
+        """Show ``bundle`` in place of the display ``display_id`` the host
+        showed or is showing (its own output if that one never shows)."""
+        with self._lock:
+            if display_id in self._shown:
+                self._shown.discard(display_id)
+                update_display(bundle["data"], raw=True, display_id=display_id)
+                return
+            self._ended.append(display_id)
+        _show(bundle)
 
     def say(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -168,6 +204,7 @@ class ResmonMagics(Magics):
         self.cluster_views: list = []   # nbmon.notebook.cluster.ClusterView, displayed
         self.auto_threshold_s: float | None = None
         self._auto_cell: int | None = None   # the token of the cell auto mode watches now
+        self._closing: tuple | None = None   # a %%resmon cell's close, for its post_run_cell
 
     @magic_arguments()
     @argument("subcommand", nargs="?", default="start",
@@ -311,7 +348,13 @@ class ResmonMagics(Magics):
                 SESSION.sizes.watch(opened["variables"])
         SESSION.sizes.cell_started(self.shell)
 
+    def _close_pending(self) -> None:
+        if self._closing is not None:
+            closing, self._closing = self._closing, None
+            self._close_cell(*closing)
+
     def _cell_finished(self, result) -> None:
+        self._close_pending()
         if SESSION.host is None:
             return
         variables = SESSION.sizes.cell_ended(self.shell)   # None if the cell's own %%resmon sent them
@@ -378,6 +421,7 @@ class ResmonMagics(Magics):
     # -- cell magic ------------------------------------------------------
     def _run_cell(self, cell: str, options: Options, backend: str | None, args):
         shell = self.shell
+        self._close_pending()   # a cell that runs the magic more than once
         number = prompt_number(shell)
         try:
             host = SESSION.host_for(backend)
@@ -401,8 +445,13 @@ class ResmonMagics(Magics):
                         record.ended_with(err)   # before the Dask hook's exit copies the status
                     raise
         finally:
-            # Shown on failure too; the exception then propagates unchanged.
-            summary = self._close_cell(host, opened, status, args, record)
+            # Shown on failure too; the exception then propagates unchanged. What IPython
+            # runs after the cell's code (post_execute: matplotlib's inline figures) is
+            # the cell's too: in a cell, its record closes in post_run_cell (-o needs it now).
+            if args.output or not _post_run_follows(shell):
+                summary = self._close_cell(host, opened, status, args, record)
+            else:
+                self._closing = (host, opened, status, args, record)
         return summary if args.output else value
 
     def _close_cell(self, host, opened: dict, status: str, args, record):
@@ -422,7 +471,7 @@ class ResmonMagics(Magics):
             return None
         if show == "record":
             if closed["meter_shown"]:   # the record replaces the live meter
-                update_display(closed["table"]["data"], raw=True, display_id=opened["meter_id"])
+                SESSION.outlet.replace(opened["meter_id"], closed["table"])
             else:
                 _show(closed["table"])
             if closed.get("picture") is not None:
