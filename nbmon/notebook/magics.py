@@ -140,6 +140,10 @@ def _show(bundle: dict, display_id: str | bool | None = None):
     return display(bundle["data"], raw=True, metadata=bundle["metadata"], display_id=display_id)
 
 
+# The place of a record's timeline, kept while the cell's end is measured: empty.
+PENDING = {"data": {"text/plain": "", "text/html": ""}, "metadata": {}}
+
+
 class _Outlet:
     """What the session's host sends on its own, shown here: a display
     updated by its id, a line in the running cell (ipykernel sends a
@@ -167,6 +171,11 @@ class _Outlet:
                 return
             _show(bundle, display_id)
             self._shown.add(display_id)
+
+    def showing(self, display_id: str | None) -> bool:
+        """Whether the display ``display_id`` is shown (not on its way, not replaced)."""
+        with self._lock:
+            return display_id in self._shown
 
     def replace(self, display_id: str, bundle: dict) -> None:
         """Show ``bundle`` in place of the display ``display_id`` the host
@@ -451,10 +460,14 @@ class ResmonMagics(Magics):
             if args.output or not _post_run_follows(shell):
                 summary = self._close_cell(host, opened, status, args, record)
             else:
-                self._closing = (host, opened, status, args, record)
+                # Its meter (shown) becomes the record's table there; the timeline's place
+                # is kept beside it, before the cell's value that IPython shows next.
+                shown = not args.quiet and SESSION.outlet.showing(opened["meter_id"])
+                slot = _show(PENDING, display_id=True).display_id if shown else None
+                self._closing = (host, opened, status, args, record, slot)
         return summary if args.output else value
 
-    def _close_cell(self, host, opened: dict, status: str, args, record):
+    def _close_cell(self, host, opened: dict, status: str, args, record, slot: str | None = None):
         """The cell's end: its record shown (in place of its meter, if one
         showed), its summary returned for ``-o``."""
         extra = ""
@@ -474,8 +487,11 @@ class ResmonMagics(Magics):
                 SESSION.outlet.replace(opened["meter_id"], closed["table"])
             else:
                 _show(closed["table"])
-            if closed.get("picture") is not None:
-                _show(closed["picture"])
+            picture = closed.get("picture")
+            if picture is not None and slot is not None:
+                update_display(picture["data"], raw=True, metadata=picture["metadata"], display_id=slot)
+            elif picture is not None:
+                _show(picture)
         return ResourceSummary.from_dict(closed["summary"]) if "summary" in closed else None
 
     def _run_users_cell(self, cell: str, number: int):
