@@ -202,6 +202,36 @@ def test_the_helper_goes_with_the_kernel_and_keeps_nothing_open(tmp_path):
     assert not os.listdir(tmp_path / "nbmon" / "boxes")   # a normal exit leaves no box
 
 
+def test_a_stopped_helper_ends_with_its_killed_kernel(tmp_path):
+    """The kernel SIGKILLed (no bye) while its helper is stopped: the helper
+    does not stay behind, stopped for good."""
+    import subprocess
+    import sys
+
+    code = ("import time\n"
+            "from nbmon.notebook.session import SESSION\n"
+            "SESSION.connect(kernel=False)\n"
+            "print(SESSION.host.pid, flush=True)\n"
+            "time.sleep(120)\n")
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    os.chmod(tmp_path, 0o700)
+    kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        helper = int(kernel.stdout.readline())
+        os.kill(helper, signal.SIGSTOP)
+        wait_until(lambda: open(f"/proc/{helper}/stat").read().rsplit(")", 1)[1].split()[0] == "T",
+                   what="the helper stopped")
+    finally:
+        kernel.kill()
+        kernel.wait(30)
+        kernel.stdout.close()
+    try:
+        wait_until(lambda: _gone(helper), what="the stopped helper to end")
+    finally:
+        if not _gone(helper):
+            os.kill(helper, signal.SIGKILL)
+
+
 def _zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
