@@ -21,6 +21,7 @@ sinks have the same form.
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -105,9 +106,25 @@ METRICS_GROUP, GPUS_GROUP, SINKS_GROUP = "nbmon.metrics", "nbmon.gpus", "nbmon.s
 _PLUGINS: dict[str, list] = {}
 
 
+def installed_path() -> list[str]:
+    """sys.path without the current directory (``''``, or it by name):
+    where installed packages are, not what lies in the directory a notebook
+    was opened in (someone else's, maybe)."""
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except OSError:
+        cwd = None
+    return [p for p in sys.path if p and os.path.realpath(p) != cwd]
+
+
 def _entry_points(group: str) -> list:
-    from importlib.metadata import entry_points   # a kernel has it already; elsewhere ~20 ms, once
-    return sorted(entry_points(group=group), key=lambda point: point.name)
+    """The entry points in ``group`` of the installed distributions (a
+    ``*.dist-info`` planted in the current directory is none), each once."""
+    from importlib.metadata import distributions   # a kernel has it already; elsewhere ~20 ms, once
+
+    points = {(point.name, point.value): point for dist in distributions(path=installed_path())
+              for point in dist.entry_points if point.group == group}
+    return sorted(points.values(), key=lambda point: point.name)
 
 
 def plugins(group: str) -> list:

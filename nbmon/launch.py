@@ -15,7 +15,7 @@ not for it: it stops when told, or when its parent is gone).
 """
 from __future__ import annotations
 
-import importlib.util
+from importlib.machinery import PathFinder
 import json
 import os
 import resource
@@ -29,32 +29,49 @@ from . import catalog
 # are children of the process they watch.
 EXCLUDED: set[int] = set()
 
-_BOOT = ("import importlib, json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-         "module, function = sys.argv[2].split(':'); "
+# The helper's first lines: the kernel's own copies of the packages it names
+# (``places``: top-level name -> directory) are imported from exactly there;
+# everything else from its isolated sys.path (the standard library first),
+# then from the kernel's directories (``fallback``: their dependencies).
+_BOOT = ("import importlib, importlib.machinery, json, sys\n"
+         "places, fallback = json.loads(sys.argv[1])\n"
+         "class Places:\n"
+         "    def find_spec(self, name, path=None, target=None):\n"
+         "        where = places.get(name)\n"
+         "        return importlib.machinery.PathFinder.find_spec(name, [where]) if where else None\n"
+         "sys.meta_path.insert(0, Places())\n"
+         "sys.path.extend(fallback)\n"
+         "module, function = sys.argv[2].split(':')\n"
          "sys.exit(getattr(importlib.import_module(module), function)(sys.argv[3:]))")
 
 
-def import_path(names) -> list[str]:
-    """Where the helper imports from before its own isolated sys.path: the
-    directory each top-level package of ``names`` is found in from this
-    process (site-packages, an editable checkout, a PYTHONPATH entry; found,
-    not imported), then the user's site-packages if this process has it (a
-    user install of an optional one)."""
-    paths: list[str] = []
+def import_places(names) -> tuple[dict[str, str], list[str]]:
+    """Where the helper imports ``names`` from: each top-level package's
+    directory as this process has it (already imported: where it came
+    from; else found on sys.path without the current directory, so that a
+    decoy planted in a notebook's directory never runs in the helper; the
+    standard library's names are the helper's own), then those
+    directories, and the user's site-packages if this process has it (a
+    user install of an optional one), for their dependencies."""
+    places: dict[str, str] = {}
     for name in names:
+        if name in sys.stdlib_module_names:
+            continue
         module = sys.modules.get(name)
         try:
-            spec = module.__spec__ if module is not None else importlib.util.find_spec(name)
-        except (ImportError, ValueError):
+            spec = module.__spec__ if module is not None else PathFinder.find_spec(name, catalog.installed_path())
+        except (ImportError, ValueError, AttributeError):
             spec = None
         origin = getattr(spec, "origin", None)
         if origin and os.path.isabs(origin):
             where = os.path.dirname(origin)
-            paths.append(os.path.dirname(where) if spec.submodule_search_locations is not None else where)
+            places[name] = os.path.dirname(where) if spec.submodule_search_locations is not None else where
+    outside = set(catalog.installed_path())
+    fallback = [where for where in places.values() if where in outside]
     user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else None
     if user_site and user_site in sys.path:
-        paths.append(user_site)
-    return list(dict.fromkeys(paths))
+        fallback.append(user_site)
+    return places, list(dict.fromkeys(fallback))
 
 
 def spawn(entry: str, args: list[str], imports, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
@@ -62,9 +79,9 @@ def spawn(entry: str, args: list[str], imports, pass_fds: tuple[int, ...] = ()) 
     return value the exit status) in an isolated interpreter that finds
     ``imports`` (and nbmon's plugins) where this process does; its stdin
     and stdout are pipes, and it inherits ``pass_fds`` too."""
-    path = import_path((*imports, *catalog.plugin_imports()))
+    places = import_places((*imports, *catalog.plugin_imports()))
     return subprocess.Popen(
-        [sys.executable, "-I", "-c", _BOOT, json.dumps(path), entry, *args],
+        [sys.executable, "-I", "-c", _BOOT, json.dumps(places), entry, *args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
         close_fds=True, pass_fds=pass_fds, start_new_session=True)
 

@@ -74,6 +74,49 @@ def test_a_package_planted_in_the_kernels_directory_never_runs_in_the_helper(
     assert backend == "process" and not [str(w.message) for w in warned if "nbmon" in str(w.message)]
 
 
+PLANTED_PLUGIN = {
+    "evil_plugin-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: evil-plugin\nVersion: 1.0\n",
+    "evil_plugin-1.0.dist-info/entry_points.txt": "[nbmon.metrics]\nevil = evil_module\n",
+    "evil_module.py": "import os\nopen(os.environ['NBMON_TEST_MARK'], 'w').write('ran')\nMETRICS = ()\n",
+}
+
+
+def test_modules_planted_in_the_current_directory_never_run_in_the_helper(tmp_path):
+    """A kernel started in a directory where someone left ``pynvml.py`` (a
+    package the helper imports that this kernel has not) and ``uuid.py`` (a
+    standard library name): the helper imports neither."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pynvml", "uuid"):
+        (project / f"{name}.py").write_text(MARK)
+    env = dict(os.environ, NBMON_TEST_MARK=str(tmp_path / "mark"))
+    session = ("import json, nbmon\nfrom nbmon.notebook.session import SESSION\n"
+               "nbmon.monitor(interval=0.05, gpu=False)\n"
+               "print(json.dumps({'remote': SESSION.remote, 'helper': SESSION.host.pid, 'info': SESSION.host.info()}))\n"
+               "SESSION.close()")
+    done = subprocess.run([sys.executable, "-c", session], cwd=project, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    kernel = json.loads(done.stdout)
+    marks = (tmp_path / "mark").read_text().splitlines() if (tmp_path / "mark").exists() else []
+    assert kernel["remote"], kernel
+    assert not [line for line in marks if line.split()[0] == str(kernel["helper"])], marks
+
+
+def test_a_plugin_planted_in_the_current_directory_never_runs(tmp_path):
+    """An ``nbmon.metrics`` entry point of a distribution someone left in
+    the directory a notebook is opened in is no installed plugin."""
+    project = tmp_path / "project"
+    for name, text in PLANTED_PLUGIN.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    env = dict(os.environ, NBMON_TEST_MARK=str(tmp_path / "mark"))
+    done = subprocess.run([sys.executable, "-c", "import nbmon, nbmon.catalog as c; print(len(c.METRICS))"],
+                          cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "evil" not in done.stderr, done.stderr
+    assert not (tmp_path / "mark").exists()
+
+
 MARK = textwrap.dedent("""
     import os as _os
     if _os.environ.get("NBMON_TEST_MARK"):

@@ -139,6 +139,46 @@ def test_a_helper_that_stops_answering_never_hangs_the_cell(ip, monkeypatch):
         os.kill(helper, signal.SIGCONT)
     assert took < 5.0
     assert cap.stderr.startswith("nbmon: the helper process did not answer cell_open within 1 s")
+    # Ended, not waited for again: the next cell says so at once (and cells without the magic say nothing).
+    wait_until(lambda: _gone(helper), what="the stopped helper to be ended")
+    with capture_output() as cap:
+        assert ip.run_cell_magic("resmon", "", "rm_h + 2") == 3
+    assert cap.stderr.strip().splitlines() == [f"nbmon: {SESSION.host.gone}"]
+
+
+def test_notes_to_a_helper_that_takes_nothing_never_block(ip, monkeypatch):
+    """The cell hooks' one-way notes fill the pipe of a stopped helper: the
+    write is bounded, and the helper ended."""
+    monkeypatch.setattr(remote, "CALL_TIMEOUT_S", 1.0)
+    host, helper = SESSION.host, SESSION.host.pid
+    os.kill(helper, signal.SIGSTOP)
+    try:
+        noting = threading.Thread(target=lambda: [host.note("cell_started", 1, "x" * 60_000) for _ in range(8)])
+        noting.start()
+        noting.join(10.0)
+        blocked = noting.is_alive()
+    finally:
+        os.kill(helper, signal.SIGCONT)   # lets a blocked write end
+        noting.join(10.0)
+    assert not blocked
+    assert host.gone and "took no message for 1 s" in host.gone, host.gone
+    wait_until(lambda: _gone(helper), what="the stopped helper to be ended")
+
+
+def test_a_fork_while_another_thread_sends_never_deadlocks_the_child(host):
+    """A DataLoader worker forked while a thread of the kernel holds the
+    lock on the helper's pipe: in the child, nbmon's calls answer at once."""
+    with host._send_lock:   # as another thread, mid-send
+        answer = in_forked_child(lambda: (host.note("cell_started", 1, "x"), str(host.gone))[1], timeout=10.0)
+    assert answer == "this is a forked child of the kernel"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return _zombie(pid)
 
 
 def test_the_helper_goes_with_the_kernel_and_keeps_nothing_open(tmp_path):
@@ -160,6 +200,36 @@ def test_the_helper_goes_with_the_kernel_and_keeps_nothing_open(tmp_path):
     helper = int(done.stdout.split()[0])
     wait_until(lambda: not os.path.exists(f"/proc/{helper}") or _zombie(helper), what="the helper to end")
     assert not os.listdir(tmp_path / "nbmon" / "boxes")   # a normal exit leaves no box
+
+
+def test_a_stopped_helper_ends_with_its_killed_kernel(tmp_path):
+    """The kernel SIGKILLed (no bye) while its helper is stopped: the helper
+    does not stay behind, stopped for good."""
+    import subprocess
+    import sys
+
+    code = ("import time\n"
+            "from nbmon.notebook.session import SESSION\n"
+            "SESSION.connect(kernel=False)\n"
+            "print(SESSION.host.pid, flush=True)\n"
+            "time.sleep(120)\n")
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    os.chmod(tmp_path, 0o700)
+    kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        helper = int(kernel.stdout.readline())
+        os.kill(helper, signal.SIGSTOP)
+        wait_until(lambda: open(f"/proc/{helper}/stat").read().rsplit(")", 1)[1].split()[0] == "T",
+                   what="the helper stopped")
+    finally:
+        kernel.kill()
+        kernel.wait(30)
+        kernel.stdout.close()
+    try:
+        wait_until(lambda: _gone(helper), what="the stopped helper to end")
+    finally:
+        if not _gone(helper):
+            os.kill(helper, signal.SIGKILL)
 
 
 def _zombie(pid: int) -> bool:

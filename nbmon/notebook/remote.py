@@ -24,6 +24,7 @@ import atexit
 import json
 import os
 import select
+import signal
 import struct
 import threading
 import time
@@ -74,10 +75,18 @@ def unpack(payload: bytes) -> tuple[object, list[bytes]]:
     return head, buffers
 
 
-def write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes, deadline: float | None = None) -> None:
+    """Write ``data`` whole; to a non-blocking ``fd`` by ``deadline``
+    (time.monotonic(); TimeoutError past it, the frame maybe cut)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError from None
+            select.select([], [fd], [], left)
 
 
 class Reader:
@@ -136,6 +145,7 @@ class RemoteHost:
         EXCLUDED.add(self.proc.pid)
         self.pid = self.proc.pid
         self._out = self.proc.stdin.fileno()
+        os.set_blocking(self._out, False)   # a helper that takes nothing (stopped, stuck) never holds a cell
         self._reader = Reader(self.proc.stdout.fileno())
         self._replies = Reader(replies)
         # Closed through these objects only: once closed they know it, where a
@@ -161,11 +171,15 @@ class RemoteHost:
                     raise HostError(self.gone)
                 self._next += 1
                 ident = self._next
+                deadline = time.monotonic() + timeout
                 try:
-                    write_all(self._out, pack(b"Q", {"id": ident, "method": method, "args": args, "kwargs": kwargs}))
+                    write_all(self._out, pack(b"Q", {"id": ident, "method": method, "args": args, "kwargs": kwargs}),
+                              deadline)
+                except TimeoutError:
+                    raise HostError(self._stuck(f"the helper process took no {method} within {timeout:g} s")) from None
                 except OSError as err:
                     raise HostError(f"the helper process cannot be reached ({err.strerror})") from None
-            head, buffers = self._answer(ident, method, time.monotonic() + timeout, timeout)
+            head, buffers = self._answer(ident, method, deadline, timeout)
         if "error" in head:
             raise HostError(head["error"])
         value = head["value"]
@@ -180,7 +194,7 @@ class RemoteHost:
             if not self._replies.buffered():
                 ready, _, _ = select.select([self._replies.fd], [], [], max(0.0, deadline - time.monotonic()))
                 if not ready:
-                    raise HostError(f"the helper process did not answer {method} within {timeout:g} s")
+                    raise HostError(self._stuck(f"the helper process did not answer {method} within {timeout:g} s"))
             frame = self._replies.read()
             if frame is None:
                 self.gone = self.gone or "the helper process ended"
@@ -204,9 +218,21 @@ class RemoteHost:
             if self.gone:
                 return
             try:
-                write_all(self._out, pack(kind, head, buffers))
+                write_all(self._out, pack(kind, head, buffers), time.monotonic() + CALL_TIMEOUT_S)
+            except TimeoutError:
+                self._stuck(f"the helper process took no message for {CALL_TIMEOUT_S:g} s")
             except OSError:
                 pass   # the relay thread sees the pipe's end and says why
+
+    def _stuck(self, why: str) -> str:
+        """The helper missed a deadline (stopped, stuck, swapped out): it
+        is ended, and every later call says so at once; why, in words."""
+        self.gone = self.gone or f"{why}; nbmon ended it (%reload_ext nbmon starts another)"
+        try:
+            self.proc.kill()   # stopped processes too
+        except OSError:
+            pass
+        return self.gone
 
     def bye(self) -> None:
         """The kernel exits normally, or unloads nbmon: the host stops what it
@@ -216,6 +242,7 @@ class RemoteHost:
             self.gone = self.gone or "nbmon was unloaded"
             try:
                 self.proc.stdin.close()
+                self.proc.send_signal(signal.SIGCONT)   # a stopped helper wakes to its end: never left behind
             except OSError:
                 pass
 
@@ -291,7 +318,8 @@ class RemoteHost:
         """In a forked child (a DataLoader worker): not the kernel. Its copies
         of the pipes go, so that the helper still sees the kernel's end."""
         self.gone = "this is a forked child of the kernel"
-        self._call_lock = threading.Lock()
+        self._call_lock = threading.Lock()   # either may have been held by another thread at the fork
+        self._send_lock = threading.Lock()
         self._close_pipes()
 
     def _close_pipes(self) -> None:

@@ -68,11 +68,27 @@ def pipe_comm_class(pipe: Pipe):
     return PipeComm
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _wake_when_orphaned() -> None:
+    """A helper stopped (SIGSTOP, a debugger's stop) when its kernel is
+    killed would stay stopped for good: Linux sends it SIGCONT as the
+    kernel (the thread that started it) ends, and it then sees it is gone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGCONT))
+    except (OSError, AttributeError):   # not Linux: a stopped helper waits for its SIGCONT
+        pass
+
+
 def main(argv: list[str]) -> int:
     from ..launch import EXCLUDED
 
     pid, parent, kernel, answers = int(argv[0]), int(argv[1]), argv[2] == "1", Pipe(int(argv[3]))
     EXCLUDED.add(os.getpid())   # a child of the kernel it watches, never part of its tree
+    _wake_when_orphaned()
     if os.getppid() != parent:   # the parent died while we started
         return 0
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C in a terminal is for the kernel
