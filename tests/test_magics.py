@@ -373,7 +373,8 @@ def test_failing_cell_shows_the_users_code_with_its_prompt_number(ip):
 
 
 @pytest.mark.parametrize("body, shown", [("rm_v = 6\nrm_v * 7", True), ("rm_v = 6\nrm_v * 7;", False),
-                                         ("rm_v = 6\nrm_v * 7;  # hidden", False), ("rm_v = 6\nrm_v * 7 # a;", True)])
+                                         ("rm_v = 6\nrm_v * 7;  # hidden", False), ("rm_v = 6\nrm_v * 7 # a;", True),
+                                         ("rm_v = 6\n(rm_v *\n 7) ;\n\n# é", False), ("rm_é = 6\nrm_é * 7;", False)])
 def test_a_cells_value_and_a_trailing_semicolon_are_as_without_resmon(ip, body, shown):
     outputs = {}
     for name, cell in (("plain", body), ("resmon", "%%resmon --quiet\n" + body)):

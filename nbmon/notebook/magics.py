@@ -96,15 +96,18 @@ def _user_traceback(shell, err: BaseException) -> None:
         pass
 
 
-def _ends_with_semicolon(source: str) -> bool:
-    """Whether the cell's last token is ';' (comments and blank lines aside)."""
+def _hidden_by_semicolon(source: str, last: ast.stmt) -> bool:
+    """Whether a ';' follows the cell's last statement ``last`` (comments and
+    blank lines aside): only what follows it is read, however long the cell."""
+    lines = source.splitlines(keepends=True)
+    end = lines[last.end_lineno - 1].encode()[last.end_col_offset:].decode()   # offsets count UTF-8 bytes
+    after = end + "".join(lines[last.end_lineno:])
     try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+        tokens = list(tokenize.generate_tokens(io.StringIO(after).readline))
     except (tokenize.TokenError, SyntaxError):
         return False
     ignored = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
-    last = next((token for token in reversed(tokens) if token.type not in ignored), None)
-    return last is not None and last.type == tokenize.OP and last.string == ";"
+    return next((t.string for t in tokens if t.type not in ignored), None) == ";"
 
 
 def _unquote(text: str) -> str:
@@ -519,7 +522,7 @@ class ResmonMagics(Magics):
             return None
         value = eval(shell.compile(ast.Expression(last.value), filename, "eval"), ns)
         # A trailing ';' hides the value, and keeps it out of Out and _, as IPython does.
-        return None if _ends_with_semicolon(source) else value
+        return None if _hidden_by_semicolon(source, last) else value
 
     # -- auto mode -------------------------------------------------------
     def _auto(self, value: str | None, threshold: float = 1.0, options: Options | None = None,
