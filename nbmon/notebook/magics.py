@@ -101,7 +101,7 @@ def _hidden_by_semicolon(source: str, last: ast.stmt) -> bool:
     blank lines aside): only what follows it is read, however long the cell."""
     lines = source.splitlines(keepends=True)
     end = lines[last.end_lineno - 1].encode()[last.end_col_offset:].decode()   # offsets count UTF-8 bytes
-    after = end + "".join(lines[last.end_lineno:])
+    after = end.lstrip(" \t") + "".join(lines[last.end_lineno:])   # no indent to read
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(after).readline))
     except (tokenize.TokenError, SyntaxError):
