@@ -20,4 +20,4 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip list --disable-pip-version-check 2>/dev/null \
   | grep -iE '^(ipython|ipykernel|ipywidgets|anywidget|plotly|pandas|numpy|psutil|traitlets|jupyterlab|notebook|distributed) ' \
   | tr -s ' ' | paste -sd ',' | sed "s/^/releases ($which): /"
-"$venv/bin/python" -m pytest -p no:cacheprovider -m "not slow and not multiuser" "$@"
+PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest -p no:cacheprovider -m "not slow and not multiuser" "$@"
