@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -187,20 +189,24 @@ def _gone(pid: int) -> bool:
     return _zombie(pid)
 
 
+def _kernel_script(tmp_path, then: str, seconds: float) -> tuple[str, dict]:
+    """A kernel stand-in's code (its session's helper started, ``then`` run,
+    the helper's pid printed, then ``seconds`` of sleep) and its environment
+    (its private directory in ``tmp_path``)."""
+    code = ("import time\n"
+            "from nbmon.notebook.session import SESSION\n"
+            "SESSION.connect(kernel=False)\n"
+            f"{then}"
+            "print(SESSION.host.pid, flush=True)\n"
+            f"time.sleep({seconds})\n")
+    os.chmod(tmp_path, 0o700)
+    return code, {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+
+
 def test_the_helper_goes_with_the_kernel_and_keeps_nothing_open(tmp_path):
     """A kernel that exits normally says bye: its helper ends, with its monitor
     and its black box; the pipes are the helper's only link."""
-    import subprocess
-    import sys
-
-    code = ("import os, sys, time\n"
-            "from nbmon.notebook.session import SESSION\n"
-            "SESSION.connect(kernel=False)\n"
-            "SESSION.host.start({'interval': 0.05, 'gpu': False})\n"
-            "print(SESSION.host.pid, flush=True)\n"
-            "time.sleep(0.5)\n")
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
-    os.chmod(tmp_path, 0o700)
+    code, env = _kernel_script(tmp_path, "SESSION.host.start({'interval': 0.05, 'gpu': False})\n", 0.5)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     helper = int(done.stdout.split()[0])
@@ -211,16 +217,7 @@ def test_the_helper_goes_with_the_kernel_and_keeps_nothing_open(tmp_path):
 def test_a_stopped_helper_ends_with_its_killed_kernel(tmp_path):
     """The kernel SIGKILLed (no bye) while its helper is stopped: the helper
     does not stay behind, stopped for good."""
-    import subprocess
-    import sys
-
-    code = ("import time\n"
-            "from nbmon.notebook.session import SESSION\n"
-            "SESSION.connect(kernel=False)\n"
-            "print(SESSION.host.pid, flush=True)\n"
-            "time.sleep(120)\n")
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
-    os.chmod(tmp_path, 0o700)
+    code, env = _kernel_script(tmp_path, "", 120)
     kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
     try:
         helper = int(kernel.stdout.readline())
