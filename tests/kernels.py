@@ -4,6 +4,7 @@ started by jupyter_client, one cell at a time.
     with RealKernel() as kernel:
         out = kernel.run("print(1 + 1)")   # stdout; a cell that raises raises KernelError
         kernel.outputs                     # the last cell's display messages
+        kernel.error, kernel.reply         # its error message's content (or None), its execute_reply's
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ class RealKernel:
         self.pid = self.km.provisioner.process.pid
         self.outputs: list[dict] = []   # the last cell's display_data / update_display_data contents
         self.stderr = ""
+        self.error: dict | None = None
+        self.reply: dict = {}
 
     def __enter__(self) -> "RealKernel":
         return self
@@ -35,8 +38,7 @@ class RealKernel:
     def run(self, code: str) -> str:
         """Execute ``code``; its stdout. Its displays are in :attr:`outputs`, its stderr in :attr:`stderr`."""
         msg_id = self.kc.execute(code)
-        out, err, self.outputs = [], [], []
-        error = None
+        out, err, self.outputs, self.error = [], [], [], None
         while True:
             msg = self.kc.get_iopub_msg(timeout=TIMEOUT_S)
             if msg["parent_header"].get("msg_id") != msg_id:
@@ -47,12 +49,16 @@ class RealKernel:
             elif kind in ("display_data", "update_display_data"):
                 self.outputs.append(content)
             elif kind == "error":
-                error = f"{content['ename']}: {content['evalue']}"
+                self.error = content
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         self.stderr = "".join(err)
-        if error is not None:
-            raise KernelError(error)
+        reply = self.kc.get_shell_msg(timeout=TIMEOUT_S)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = self.kc.get_shell_msg(timeout=TIMEOUT_S)
+        self.reply = reply["content"]
+        if self.error is not None:
+            raise KernelError(f"{self.error['ename']}: {self.error['evalue']}")
         return "".join(out)
 
     def value(self, expression: str):

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import tokenize
+import traceback
 
 import IPython
 from IPython.core.error import UsageError
@@ -94,6 +95,28 @@ def _user_traceback(shell, err: BaseException) -> None:
         err._render_traceback_ = render
     except (AttributeError, TypeError):  # an exception type without a __dict__: its full traceback
         pass
+
+
+class _ShownFailure(Exception):
+    """The cell failed and its error is shown already: the magic returns."""
+
+
+def _show_syntax_error(shell, err: SyntaxError, cell_file: str) -> bool:
+    """Show ``err`` as IPython shows a cell's SyntaxError (its showtraceback
+    reads no ``_render_traceback_`` for one, and would list the magic's call):
+    from the cell's own frames on, none for one in the cell's text; the cell
+    is marked failed as IPython marks it. False outside a cell's run."""
+    result = getattr(shell.displayhook, "exec_result", None)
+    if result is None:
+        return False
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != cell_file:
+        tb = tb.tb_next
+    stb = shell.SyntaxTB.structured_traceback(type(err), err, traceback.extract_tb(tb))
+    sys.last_type, sys.last_value, sys.last_traceback = type(err), err, tb
+    shell._showtraceback(type(err), err, stb)   # what showsyntaxerror ends with
+    result.error_in_exec = err
+    return True
 
 
 def _hidden_by_semicolon(source: str, last: ast.stmt) -> bool:
@@ -256,7 +279,10 @@ class ResmonMagics(Magics):
             if args.subcommand != "start" or args.value:
                 raise UsageError(f"%%resmon takes options only, not {args.subcommand!r}")
             _only(streamed, "%resmon start")
-            return self._run_cell(cell, options, backend, args)
+            try:
+                return self._run_cell(cell, options, backend, args)
+            except _ShownFailure:
+                return None
         _only([name for name, given in (("--label", args.label), ("--quiet", args.quiet), ("-o", args.output))
                if given], "a %%resmon cell")
         if args.dask and args.subcommand != "start":
@@ -498,22 +524,28 @@ class ResmonMagics(Magics):
         return ResourceSummary.from_dict(closed["summary"]) if "summary" in closed else None
 
     def _run_users_cell(self, cell: str, number: int):
-        """:meth:`_execute`; what the cell raises is shown from its own frames on."""
-        try:
-            return self._execute(cell, number)
-        except BaseException as err:
-            if not isinstance(err, KeyboardInterrupt):
-                _user_traceback(self.shell, err)
-            raise
-
-    def _execute(self, cell: str, number: int):
-        """Run the cell in the user namespace; return its last expression's value."""
+        """:meth:`_execute`; what the cell raises is shown from its own frames
+        on (a SyntaxError here, then :class:`_ShownFailure`)."""
         shell = self.shell
         # Registered with the compiler's line cache so that tracebacks show the cell's own
         # lines ("Cell In[n]", n its prompt number), not a bare "<resmon-cell>"; the leading
         # newline stands for the %%resmon line, so line numbers match the notebook cell.
         source = "\n" + shell.transform_cell(cell)
         filename = shell.compile.cache(source, number)
+        try:
+            return self._execute(source, filename)
+        except SyntaxError as err:
+            if _show_syntax_error(shell, err, filename):
+                raise _ShownFailure from err
+            raise
+        except BaseException as err:
+            if not isinstance(err, KeyboardInterrupt):
+                _user_traceback(shell, err)
+            raise
+
+    def _execute(self, source: str, filename: str):
+        """Run the cell's ``source`` in the user namespace; return its last expression's value."""
+        shell = self.shell
         tree = shell.compile.ast_parse(source, filename)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         ns = shell.user_ns
