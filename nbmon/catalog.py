@@ -33,6 +33,8 @@ RATE = "rate"          # per second (or %) over the interval before the sample
 
 # how one window (a cell, a run) is summarised: statistics of store.Stats.value
 PEAK, MEAN, LAST, DELTA = "max", "mean", "last", "delta"
+# How a one-line record labels each statistic (a growth by its sign).
+LINE_WORDS = {PEAK: "peak", MEAN: "mean", LAST: "now", DELTA: ""}
 
 # sources
 TREE = "tree"          # the watched process and its descendants
@@ -83,7 +85,9 @@ class Metric:
     ``peak`` names the column of its peak within each interval (a peak is
     read from there), ``bound`` the column of that peak's upper end;
     ``short`` is its name in a headline ("CPU 3 % · Memory 120 MiB"), where
-    the ``meter`` metrics that have one are shown."""
+    the ``meter`` metrics that have one are shown; ``line`` the statistics a
+    cell's one-line record gives of it, each labelled (:data:`LINE_WORDS`;
+    empty: its ``summary``)."""
 
     name: str
     unit: str
@@ -100,6 +104,7 @@ class Metric:
     peak: str | None = None
     bound: str | None = None
     short: str = ""
+    line: tuple[str, ...] = ()
 
 
 METRICS_GROUP, GPUS_GROUP, SINKS_GROUP = "nbmon.metrics", "nbmon.gpus", "nbmon.sinks"
@@ -161,7 +166,7 @@ BUILT_IN: tuple[Metric, ...] = (
            record=(Shown("CPU time", 100),)),
     Metric("proc_pss_mb", "MiB", "memory, process tree (PSS: shared pages counted once)", GAUGE, PEAK,
            TREE, chart="memory", meter=True, short="Memory", peak="proc_pss_peak_mb",
-           bound="proc_pss_peak_bound_mb",
+           bound="proc_pss_peak_bound_mb", line=(LAST, DELTA, PEAK),
            record=(Shown("Peak memory", 20, form="peak"), Shown("Memory growth", 30, DELTA),
                    Shown("Mean memory", 40, MEAN))),
     Metric("proc_pss_peak_mb", "MiB", "peak memory, process tree", GAUGE, PEAK, TREE),
@@ -247,6 +252,11 @@ BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 def recorded() -> list[tuple[Metric, Shown]]:
     """Every row a record may show, in order."""
     return sorted(((m, shown) for m in METRICS for shown in m.record), key=lambda pair: pair[1].rank)
+
+
+def line_stats(metric: Metric) -> tuple[str, ...]:
+    """The statistics of ``metric`` a one-line record gives, in order."""
+    return metric.line or (metric.summary,)
 
 
 def headlines() -> tuple[Metric, ...]:

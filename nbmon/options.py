@@ -29,6 +29,10 @@ BACKENDS = ("thread", "process")
 DEFAULT_MEMORY_WARNING_PERCENT = 90.0
 SLOW_EVERY_S = 1.0           # seconds between reads of the slow figures (disk, network, load, cgroup)
 DEFAULT_WINDOW_S = 600.0     # seconds a live view shows
+# A %%resmon record opens (its table and timeline) for a cell this long, or
+# whose memory rose this much; another is a line, its table a click away.
+RECORD_OPEN_AFTER_S = 5.0
+RECORD_OPEN_MEMORY_MB = 100.0
 
 # The front ends that offer options as flags.
 CLI, MAGIC = "nbmon run", "%resmon"

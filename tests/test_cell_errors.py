@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from corpus_notebooks import traceback_text
 from kernels import KernelError, RealKernel
 
 CELLS = {
@@ -17,13 +18,10 @@ CELLS = {
 
 
 def failure(kernel: RealKernel, code: str) -> tuple[str, str, str]:
-    """(reply status, error name, traceback as text, line numbers and prompt numbers out)."""
+    """(reply status, error name, traceback as text: :func:`traceback_text`)."""
     with pytest.raises(KernelError):
         kernel.run(code)
-    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(kernel.error["traceback"]))
-    text = re.sub(r"\d+", "N", text)   # "Cell In[n], line m": a %%resmon cell's lines start at 2
-    text = re.sub(r"\n *N? *\n", "\n", text)   # the context's blank line 1 (the %%resmon line)
-    return kernel.reply["status"], kernel.error["ename"], text
+    return kernel.reply["status"], kernel.error["ename"], traceback_text(kernel.error["traceback"])
 
 
 @pytest.fixture(scope="module")

@@ -135,7 +135,7 @@ def test_label_quotes_are_not_part_of_the_label(ip, option, label):
     with capture_output() as cap:
         ip.run_cell_magic("resmon", option, "rm_l = 1")
     assert nbmon.history().iloc[-1]["label"] == label
-    assert f"nbmon · {label}<" in html_of(cap.outputs[-1])
+    assert f"nbmon · {label}: " in html_of(cap.outputs[-1])
 
 
 def test_a_cell_starts_the_sessions_monitor_which_rests_between_cells(ip):
@@ -408,7 +408,9 @@ def test_cell_record_table_and_timeline_give_the_same_figures(ip):
     try:
         burn_cpu(0.3)   # busy just before the cell: the sample its window opens with is not the cell's
         with capture_output() as cap:
-            ip.run_cell_magic("resmon", "--label idle", "import time\ntime.sleep(0.3)")
+            # a cell whose memory rose by much: its record opens, with its timeline
+            ip.run_cell_magic("resmon", "--label idle", "import time\nrm_big = b'x' * (150 << 20)\n"
+                                                        "time.sleep(0.3)\ndel rm_big")
     finally:
         SESSION.host.stop()
     html = [html_of(o) for o in cap.outputs if "nbmon-summary" in html_of(o)][-1]
@@ -417,6 +419,37 @@ def test_cell_record_table_and_timeline_give_the_same_figures(ip):
     assert peaks["CPU"] == row(table, "CPU mean / peak").split(" / ")[1]
     assert peaks["memory"] == row(table, "Peak memory").split(" (")[0]
     assert re.search(r" · over \d+\.\d\d s$", row(table, "Timeline"))   # a time scale
+
+
+def records_of(cap) -> list:
+    return [o for o in cap.outputs if "nbmon-summary" in html_of(o)]
+
+
+def pictures_of(cap) -> list:
+    return [o for o in cap.outputs if "image/png" in o.data]
+
+
+def test_a_short_cells_record_is_a_line_with_its_table_one_click_away(ip):
+    with capture_output() as cap:
+        ip.run_cell_magic("resmon", "", "rm_q = 1")
+    [record] = records_of(cap)
+    html, text = html_of(record), record.data["text/plain"]
+    assert "<details><summary" in html and "<details open>" not in html
+    assert "Peak memory" in html   # the table, folded under the line
+    assert len(text.splitlines()) == 1 and text.startswith("nbmon: ")
+    assert re.search(r"CPU mean .* · Memory now .*, [+-].*, peak ", text), text
+    assert pictures_of(cap) == []
+
+
+@pytest.mark.parametrize("code", ["rm_big = b'x' * (150 << 20)\ndel rm_big", "import time\ntime.sleep(0.2)\n1/0"],
+                         ids=["memory rose by much", "failed"])
+def test_a_record_that_says_something_is_open_with_its_table_and_timeline(ip, code):
+    with capture_output() as cap:
+        ip.run_cell("%%resmon\n" + code)
+    [record] = records_of(cap)
+    assert "<details open><summary" in html_of(record)
+    assert "Peak memory" in record.data["text/plain"].splitlines()[2]
+    assert len(pictures_of(cap)) == 1
 
 
 def test_history_has_no_gpu_columns_without_gpu_figures(ip):
@@ -447,8 +480,9 @@ def test_auto_mode_records_every_cell_until_off(ip):
     assert list(history["status"].iloc[-3:]) == ["ok", "ok", "failed"]
     lines = oneliners(cap)
     assert len(lines) == 3
-    for line, (_, cell) in zip(lines, history.iloc[-3:].iterrows()):   # the headline: mean CPU, peak memory
-        assert f"CPU {fmt(cell['mean_cpu_percent'], '%')} · Memory {fmt(cell['peak_mem_mb'], 'MiB')}" in line, line
+    for line, (_, cell) in zip(lines, history.iloc[-3:].iterrows()):   # the headline, every figure labelled
+        assert f"CPU mean {fmt(cell['mean_cpu_percent'], '%')} · Memory now " in line, line
+        assert f", {fmt(cell['mem_growth_mb'], 'MiB', signed=True)}, peak {fmt(cell['peak_mem_mb'], 'MiB')}" in line
     assert "failed" in lines[-1]
 
     # a %%resmon cell is summarised once, by the cell magic

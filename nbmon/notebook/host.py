@@ -28,17 +28,18 @@ import time
 import uuid
 
 from .. import catalog
+from ..catalog import DELTA, LAST
 from ..postmortem import deaths
 from ..postmortem.blackbox import SLOTS, BlackBox, CellNote
 from ..engine import Monitor
 from ..format import fmt, printable
 from ..postmortem.memwarn import MemoryWatch
-from ..options import Options
+from ..options import RECORD_OPEN_AFTER_S, RECORD_OPEN_MEMORY_MB, Options
 from ..report.render import html_table, text_table
 from ..private import fallback_note
 from ..sinks.senders import open_streams
 from ..sampling.store import BUCKET, Store
-from ..report.summary import ResourceSummary, headline, summarize
+from ..report.summary import ResourceSummary, labelled_headline, summarize
 from ..report.records import CellRecord
 from ..values import NAN
 from ..report.variables import Variables
@@ -452,28 +453,47 @@ def watch_kernel(monitor: Monitor, note: CellNote, say=None) -> None:
     monitor.attach(BlackBox(note, watch, pid=monitor.pid))
 
 
+def says_more(record: CellRecord) -> bool:
+    """Whether a cell's record is worth its full table and timeline open
+    (:data:`~nbmon.options.RECORD_OPEN_AFTER_S`, ``RECORD_OPEN_MEMORY_MB``):
+    it failed, it was long, its memory rose by much (at its peak or its
+    end: a free is good news, and the line says it), or the container's
+    OOM killer acted."""
+    s = record.summary
+    figures = s.figures or {}
+    growth = figures.get(catalog.figure_key(DELTA, "proc_pss_mb"))
+    now = figures.get(catalog.figure_key(LAST, "proc_pss_mb"))
+    rise = s.peak_mem_mb - (now - growth) if None not in (s.peak_mem_mb, now, growth) else None
+    return (record.status != "ok" or s.duration_sec >= RECORD_OPEN_AFTER_S or bool(s.oom_kills)
+            or any(v is not None and v >= RECORD_OPEN_MEMORY_MB for v in (growth, rise)))
+
+
 def cell_record(record: CellRecord, monitor: Monitor | None) -> Record:
-    """The static record of one cell: its summary table, the timeline's
-    legend in it, and the timeline picture (None for fewer than two samples)."""
+    """The static record of one cell: its line, and under it its summary
+    table with the timeline's legend and the timeline picture (None for
+    fewer than two samples). A record that says little (:func:`says_more`)
+    is its line; the table is one click away and it has no picture."""
     s, status = record.summary, record.status
     title = "nbmon" + (f" · {record.label}" if record.label else "")
     if status != "ok":
         title += f" · {status}"
+    opened = says_more(record)
     timeline = None
-    if monitor is not None and s.num_samples > 1:
+    if opened and monitor is not None and s.num_samples > 1:
         timeline = record_timeline(monitor.store, record.stats, record.t_open)
     rows = s.rows() + ([timeline.legend] if timeline is not None else [])
-    return Record(html_table(title, rows, status=status), text_table(title, rows), timeline)
+    line = one_line(record)
+    return Record(html_table(title, rows, status=status, line=line, folded=not opened),
+                  text_table(title, rows) if opened else line, timeline)
 
 
 def one_line(record: CellRecord) -> str:
-    """Auto mode's line for a cell: its duration, then the headline
-    metrics (``catalog.headlines()``) by the statistic each summarises a
-    window with (the mean CPU, the peak memory), and how it ended unless ok."""
-    figures = record.summary.figures
-    values = {m.name: figures[key] for m in catalog.headlines()
-              if figures.get(key := catalog.figure_key(m.summary, m.name)) is not None}
-    parts = [f"nbmon: {fmt(record.duration_sec, 's')}", headline(values)]
+    """A cell's record in a line (auto mode's, a short ``%%resmon`` cell's):
+    its duration, then the headline metrics (``catalog.headlines()``), each
+    figure labelled ("mean", "peak", "now", a growth by its sign), and how it
+    ended unless ok."""
+    name = "nbmon" + (f" · {record.label}" if record.label else "")
+    parts = [f"{name}: {fmt(record.duration_sec, 's')}", labelled_headline(record.summary.figures or {})]
     if record.status != "ok":
         parts.append(record.status)
     return " · ".join(part for part in parts if part)

@@ -13,6 +13,7 @@ import io
 import os
 import sys
 import threading
+import time
 import tokenize
 import traceback
 
@@ -26,7 +27,7 @@ from IPython.display import display, update_display
 from .. import options as opts
 from ..sinks import senders
 from ..format import printable
-from ..options import DEFAULT_WINDOW_S, MAGIC, Options, check_interval
+from ..options import DEFAULT_WINDOW_S, MAGIC, RECORD_OPEN_AFTER_S, Options, check_interval
 from ..report.summary import ResourceSummary
 from .session import SESSION, options_dict
 
@@ -490,8 +491,10 @@ class ResmonMagics(Magics):
                 summary = self._close_cell(host, opened, status, args, record)
             else:
                 # Its meter (shown) becomes the record's table there; the timeline's place
-                # is kept beside it, before the cell's value that IPython shows next.
-                shown = not args.quiet and SESSION.outlet.showing(opened["meter_id"])
+                # is kept beside it, before the cell's value that IPython shows next (a
+                # cell long enough for one: a shorter one's record is likely a line).
+                long = time.time() - opened["start_time"] >= RECORD_OPEN_AFTER_S
+                shown = long and not args.quiet and SESSION.outlet.showing(opened["meter_id"])
                 slot = _show(PENDING, display_id=True).display_id if shown else None
                 self._closing = (host, opened, status, args, record, slot)
         return summary if args.output else value

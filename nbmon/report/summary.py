@@ -343,6 +343,9 @@ def _wanted() -> dict[str, set[str]]:
         wanted[metric.name].update(shown.stat if isinstance(shown.stat, tuple) else (shown.stat or metric.summary,))
     for stat, name in (*FROM_WINDOW.values(), *COUNTS_FROM_WINDOW.values()):
         wanted[name].add(stat)
+    for metric in catalog.headlines():
+        if metric.name in wanted:
+            wanted[metric.name].update(catalog.line_stats(metric))
     return wanted
 
 
@@ -415,6 +418,19 @@ def summarize(stats) -> ResourceSummary:
         **{**fields, **required},
         **{f: None if value is None else int(value) for f, value in counts.items()},
     )
+
+
+def labelled_headline(figures: dict) -> str:
+    """A window's headline figures, each labelled by its statistic (the
+    catalog's ``line``): 'CPU mean 40 % · Memory now 120 MiB, +0.1 MiB, peak 121 MiB'."""
+    parts = []
+    for metric in catalog.headlines():
+        said = [f"{catalog.LINE_WORDS[stat]} {fmt(value, metric.unit, signed=stat == DELTA)}".lstrip()
+                for stat in catalog.line_stats(metric)
+                if (value := figures.get(figure_key(stat, metric.name))) is not None]
+        if said:
+            parts.append(f"{metric.short} " + ", ".join(said))
+    return " · ".join(parts)
 
 
 def headline(values: dict) -> str:
