@@ -44,7 +44,7 @@ MODULE_TIERS = {
     "test_browser": ("browser",), "test_dashboard_browser": ("browser",), "test_postmortem_browser": ("browser",),
     "test_voila_browser": ("browser",), "test_record_viewers": ("browser", "kernel"),
     "test_dask_browser": ("browser", "cluster"), "test_dask_cluster": ("cluster",),
-    "test_dask_notebook": ("cluster", "kernel"), "test_cell_errors": ("kernel",), "test_corpus": ("kernel",), "test_footprint": ("kernel",), "test_notebooks": ("kernel",),
+    "test_dask_notebook": ("cluster", "kernel"), "test_cell_errors": ("kernel",), "test_corpus": ("kernel",), "test_peak_labels": ("kernel",), "test_footprint": ("kernel",), "test_notebooks": ("kernel",),
     "test_postmortem": ("kernel",), "test_variables": ("kernel",), "test_warmup": ("kernel",),
     "test_soak": ("slow",), "test_reliability_lifecycle": ("slow",), "test_plugins": ("slow",),
 }

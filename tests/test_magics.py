@@ -465,6 +465,26 @@ def oneliners(cap) -> list[str]:
     return [html_of(o) for o in cap.outputs if "nbmon-oneline" in html_of(o)]
 
 
+def test_auto_modes_short_cells_are_neither_shown_nor_kept_nor_waited_for(ip, monkeypatch):
+    with capture_output():
+        ip.run_line_magic("resmon", "auto on --threshold 0.3")
+    before = rows()
+    calls = []
+    call = SESSION.host.call
+    monkeypatch.setattr(SESSION.host, "call", lambda method, *a, **k: calls.append(method) or call(method, *a, **k))
+    with capture_output() as cap:
+        assert ip.run_cell("rm_a = 1").success
+        assert ip.run_cell("rm_b = rm_a + 1").success
+    assert calls == [] and oneliners(cap) == []   # the kernel waited for the helper at neither end
+    with capture_output() as cap:
+        assert ip.run_cell("import time\ntime.sleep(0.4)").success
+    assert calls == ["cell_close"] and len(oneliners(cap)) == 1
+    monkeypatch.undo()
+    assert rows() == before + 1
+    with capture_output():
+        ip.run_line_magic("resmon", "auto off")
+
+
 def test_auto_mode_records_every_cell_until_off(ip):
     with capture_output() as cap:
         ip.run_line_magic("resmon", "auto on --threshold 0")

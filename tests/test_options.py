@@ -38,7 +38,7 @@ def cases():
             yield pytest.param(front_end, name, flag, id=f"{front_end}:{flag.flag}")
 
 
-@pytest.mark.parametrize("front_end, name, flag", cases())
+@pytest.mark.parametrize("front_end, name, flag", list(cases()))
 def test_each_flag_sets_its_own_option_and_nothing_else(front_end, name, flag):
     default = getattr(Options(), name)
     if flag.metavar is None:

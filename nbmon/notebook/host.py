@@ -260,17 +260,20 @@ class SessionHost:
         monitor.rest(True)
 
     def cell_open(self, options: dict | None = None, *, label: str = "", number: int | None = None,
-                  meter: bool = False, min_duration_s: float = 0.0) -> dict:
+                  meter: bool = False, min_duration_s: float = 0.0, token: str | None = None) -> dict:
         """A monitored cell starts: its span opens (a sample now). With
         ``meter``, a cell still running after :data:`METER_AFTER_S` gets its
         live meter, displayed with the answer's ``meter_id`` (a quick cell
-        does not pay for one)."""
+        does not pay for one). ``token``: the caller's name for the cell
+        (one that waits for no answer), else the answer gives one."""
         self._ensure(options, "cell")
         self.monitor.rest(False)
         span = self.monitor.window()
         record = CellRecord(number, label, start_time=time.time(), t_open=span.t_open)
-        self._tokens += 1
-        cell = self._cells[self._tokens] = _OpenCell(record, span, min_duration_s)
+        if token is None:
+            self._tokens += 1
+            token = self._tokens
+        cell = self._cells[token] = _OpenCell(record, span, min_duration_s)
         meter_id = None
         if meter:
             meter_id = uuid.uuid4().hex
@@ -278,8 +281,17 @@ class SessionHost:
             cell.timer.daemon = True
             cell.timer.name = "nbmon-meter"
             cell.timer.start()
-        return {"token": self._tokens, "t_open": span.t_open, "start_time": record.start_time, "meter_id": meter_id,
+        return {"token": token, "t_open": span.t_open, "start_time": record.start_time, "meter_id": meter_id,
                 "variables": self.sizing()}
+
+    def auto_cell_open(self, token: str, number: int | None, min_duration_s: float) -> None:
+        """Auto mode's cell starts (a note: the kernel waits for nothing)."""
+        self.cell_open(number=number, min_duration_s=min_duration_s, token=token)
+
+    def auto_cell_close(self, token: str, status: str, number: int | None, variables: dict | None) -> None:
+        """Auto mode's cell ended sooner than its threshold by the kernel's
+        clock (a note): kept only if the host's clock says otherwise."""
+        self.cell_close(token, status, number=number, variables=variables)
 
     def _show_meter(self, cell: _OpenCell, meter_id: str) -> None:
         from .meter import Meter, MeterFeed
@@ -304,7 +316,9 @@ class SessionHost:
         made once the answer is sent (:meth:`after`), and for a cell kept
         whatever its length its last sample too: a quiet cell's kernel waits
         for neither."""
-        cell = self._cells.pop(token)
+        cell = self._cells.pop(token, None)
+        if cell is None:   # its open (a note) failed, and said nothing: neither does its close
+            return {"kept": False, "meter_shown": False}
         with self._lock:
             cell.closed = True
         if cell.timer is not None:

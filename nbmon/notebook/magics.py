@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import collections
 import io
+import itertools
 import os
 import sys
 import threading
@@ -239,7 +240,9 @@ class ResmonMagics(Magics):
         super().__init__(shell)
         self.cluster_views: list = []   # nbmon.notebook.cluster.ClusterView, displayed
         self.auto_threshold_s: float | None = None
-        self._auto_cell: int | None = None   # the token of the cell auto mode watches now
+        self._auto_cell: str | None = None   # the token of the cell auto mode watches now
+        self._auto_t0 = 0.0                   # its start, by the kernel's clock
+        self._auto_tokens = itertools.count()
         self._closing: tuple | None = None   # a %%resmon cell's close, for its post_run_cell
 
     @magic_arguments()
@@ -376,15 +379,15 @@ class ResmonMagics(Magics):
         number = prompt_number(self.shell, info)
         SESSION.notify("cell_started", number, first_line(source))
         if self.auto_threshold_s is not None and not source.lstrip().startswith("%%resmon"):
-            # Cells shorter than the threshold are neither shown nor kept in the history.
+            # Cells shorter than the threshold are neither shown nor kept in the history; the
+            # kernel waits for no answer at either end of one (only a longer one's line).
+            token = f"auto-{next(self._auto_tokens)}"
             try:
-                opened = SESSION.host.cell_open(number=number,
-                                                min_duration_s=self.auto_threshold_s)
+                SESSION.notify("auto_cell_open", token, number, self.auto_threshold_s)
             except Exception as err:  # noqa: BLE001
                 _said(err)
             else:
-                self._auto_cell = opened["token"]
-                SESSION.sizes.watch(opened["variables"])
+                self._auto_cell, self._auto_t0 = token, time.perf_counter()
         SESSION.sizes.cell_started(self.shell)
 
     def _close_pending(self) -> None:
@@ -402,9 +405,13 @@ class ResmonMagics(Magics):
             token, self._auto_cell = self._auto_cell, None
             error = result.error_in_exec or result.error_before_exec
             status = "ok" if error is None else "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+            number = prompt_number(self.shell, result)
             try:
-                closed = SESSION.host.cell_close(token, status, show="line", number=prompt_number(self.shell, result),
-                                                 variables=variables)
+                if time.perf_counter() - self._auto_t0 < self.auto_threshold_s:
+                    SESSION.notify("auto_cell_close", token, status, number, variables)
+                    closed = {}
+                else:
+                    closed = SESSION.host.cell_close(token, status, show="line", number=number, variables=variables)
             except Exception as err:  # noqa: BLE001
                 _said(err)
             else:
