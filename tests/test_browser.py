@@ -23,7 +23,7 @@ GO = "go"   # the test creates it once it has seen the meter tick
 # render its first widget (a fresh machine's first run) has shown it ticking.
 WORKLOAD = f'''%%resmon --label browser
 import pathlib, time
-block = b"\\x01" * (100 * 2**20)  # about 100 MiB, kept
+block = b"\\x01" * (150 * 2**20)  # about 150 MiB, kept: the record opens
 t0 = time.perf_counter()
 while time.perf_counter() - t0 < 4 or not pathlib.Path("{GO}").exists() and time.perf_counter() - t0 < 120:
     t1 = time.perf_counter()

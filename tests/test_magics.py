@@ -339,14 +339,21 @@ def test_dashboard_marks_each_cell_with_its_prompt_number(ip):
 def test_every_hook_names_the_running_cell_by_its_own_prompt_number(ip, monkeypatch, cell):
     # IPython's result of the cell is the truth; IPython >= 9.8 advances its
     # count before pre_run_cell, older ones after it.
-    told = []
-    monkeypatch.setattr(SESSION, "notify", lambda method, *args: told.append((method, args[0])))
+    told, notify = [], SESSION.notify
+
+    def told_and_sent(method, *args):
+        told.append((method, args[1] if method == "cell_open_note" else args[0]))
+        notify(method, *args)
+
+    monkeypatch.setattr(SESSION, "notify", told_and_sent)
     with capture_output():
         ip.run_line_magic("resmon", "auto on --threshold 0")
         result = ip.run_cell(cell, store_history=True)
         ip.run_line_magic("resmon", "auto off")
-    assert told == [("cell_started", result.execution_count), ("cell_finished", result.execution_count)]
-    assert nbmon.history().iloc[-1]["execution_count"] == result.execution_count
+    n = result.execution_count
+    auto = [] if cell.startswith("%%resmon") else [("cell_open_note", n)]   # auto mode's open of a plain cell
+    assert told == [("cell_started", n), *auto, ("cell_finished", n)]
+    assert nbmon.history().iloc[-1]["execution_count"] == n
 
 
 def test_in_a_terminal_the_record_is_shown_at_start_and_replaced_at_stop_only(ip):
@@ -434,7 +441,7 @@ def test_a_short_cells_record_is_a_line_with_its_table_one_click_away(ip):
         ip.run_cell_magic("resmon", "", "rm_q = 1")
     [record] = records_of(cap)
     html, text = html_of(record), record.data["text/plain"]
-    assert "<details><summary" in html and "<details open>" not in html
+    assert "<details><summary>" in html
     assert "Peak memory" in html   # the table, folded under the line
     assert len(text.splitlines()) == 1 and text.startswith("nbmon: ")
     assert re.search(r"CPU mean .* · Memory now .*, [+-].*, peak ", text), text
@@ -447,7 +454,7 @@ def test_a_record_that_says_something_is_open_with_its_table_and_timeline(ip, co
     with capture_output() as cap:
         ip.run_cell("%%resmon\n" + code)
     [record] = records_of(cap)
-    assert "<details open><summary" in html_of(record)
+    assert "<details" not in html_of(record)
     assert "Peak memory" in record.data["text/plain"].splitlines()[2]
     assert len(pictures_of(cap)) == 1
 
@@ -483,6 +490,23 @@ def test_auto_modes_short_cells_are_neither_shown_nor_kept_nor_waited_for(ip, mo
     assert rows() == before + 1
     with capture_output():
         ip.run_line_magic("resmon", "auto off")
+
+
+def test_quiet_cells_after_the_first_are_kept_and_never_waited_for(ip, monkeypatch):
+    with capture_output():
+        assert ip.run_cell("%%resmon --quiet\nrm_c = 0").success   # its answer: the monitor runs
+    before = rows()
+    calls = []
+    call = SESSION.host.call
+    monkeypatch.setattr(SESSION.host, "call", lambda method, *a, **k: calls.append(method) or call(method, *a, **k))
+    with capture_output() as cap:
+        for k in range(3):
+            assert ip.run_cell(f"%%resmon --quiet --label q{k}\nrm_c += 1").success
+    assert calls == [] and records_of(cap) == [] and ip.user_ns["rm_c"] == 3
+    monkeypatch.undo()
+    history = nbmon.history()
+    assert len(history) == before + 3 and list(history["label"].iloc[-3:]) == ["q0", "q1", "q2"]
+    assert list(history["status"].iloc[-3:]) == ["ok"] * 3
 
 
 def test_auto_mode_records_every_cell_until_off(ip):

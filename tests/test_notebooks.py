@@ -66,7 +66,7 @@ def test_quickstart_cell_summary_has_the_cells_numbers(quickstart):
     assert not [o for o in c.outputs if WIDGET_MIME in o.get("data", {})]
     (summary,) = [h for h in html_outputs(c) if "nbmon-summary" in h]
     assert 'data-status="ok"' in summary
-    assert "nbmon · cpu+memory<" in summary
+    assert "<b>nbmon · cpu+memory: " in summary   # its line, as the table's title: the record is open
     assert [o for o in c.outputs if "image/png" in o.get("data", {})]   # the timeline: a picture of its own
     rows = summary_rows(summary)
     assert mib(row(rows, "Peak memory")) >= 150, rows
@@ -83,7 +83,7 @@ def test_quickstart_failing_cell_shows_failed_summary_and_error(quickstart):
     assert "raises-exception" in c.metadata.tags
     (summary,) = [h for h in html_outputs(c) if "nbmon-summary" in h]
     assert 'data-status="failed"' in summary
-    assert "failing · failed" in summary
+    assert "<b>nbmon · failing: " in summary and " · failed</b>" in summary
     (error,) = [o for o in c.outputs if o["output_type"] == "error"]
     assert error["ename"] == "ZeroDivisionError"
     # the traceback shows the failing line of the cell itself

@@ -39,7 +39,7 @@ def sockets(pid: int) -> dict:
     """The process's sockets: psutil's view (inet and unix, listening or
     connected) and the /proc/<pid>/fd links to ``socket:[inode]``."""
     proc = psutil.Process(pid)
-    conns = proc.net_connections(kind="all")
+    conns = getattr(proc, "net_connections", proc.connections)(kind="all")   # psutil < 6: connections()
     links = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:

@@ -22,6 +22,7 @@ from helpers import wait_until
 from kernels import RealKernel
 from nbmon.postmortem import blackbox, deaths
 from nbmon.engine import Monitor
+from browser_util import summary_rows
 from nbmon.notebook.host import watch_kernel
 from nbmon.notebook.namespace import MAX_ITEMS, CellSizes, Namespace
 from nbmon.report.variables import Var, Variables, held_before
@@ -33,8 +34,9 @@ VARIABLES = "nbmon.last_summary().variables.to_dict()"
 
 
 def record_text(kernel: RealKernel) -> str:
-    """The last cell's record, as text."""
-    return "\n".join(o["data"]["text/plain"] for o in kernel.outputs if "nbmon" in o["data"].get("text/plain", ""))
+    """The last cell's record table (folded or not), a line per row."""
+    html = "".join(o["data"].get("text/html", "") for o in kernel.outputs)
+    return "\n".join(f"{title}  {value}" for title, value in summary_rows(html).items())
 
 
 def row(text: str, title: str) -> str:

@@ -284,13 +284,16 @@ class SessionHost:
         return {"token": token, "t_open": span.t_open, "start_time": record.start_time, "meter_id": meter_id,
                 "variables": self.sizing()}
 
-    def auto_cell_open(self, token: str, number: int | None, min_duration_s: float) -> None:
-        """Auto mode's cell starts (a note: the kernel waits for nothing)."""
-        self.cell_open(number=number, min_duration_s=min_duration_s, token=token)
+    def cell_open_note(self, token: str, number: int | None, min_duration_s: float,
+                       options: dict | None = None, label: str = "") -> None:
+        """:meth:`cell_open` as a note, the kernel waiting for nothing: auto
+        mode's cells, and quiet ``%%resmon`` cells once a monitor runs."""
+        self.cell_open(options, label=label, number=number, min_duration_s=min_duration_s, token=token)
 
-    def auto_cell_close(self, token: str, status: str, number: int | None, variables: dict | None) -> None:
-        """Auto mode's cell ended sooner than its threshold by the kernel's
-        clock (a note): kept only if the host's clock says otherwise."""
+    def cell_close_note(self, token: str, status: str, number: int | None, variables: dict | None) -> None:
+        """:meth:`cell_close` as a note, for a cell nothing is shown of: a
+        quiet one, or auto mode's shorter than its threshold by the kernel's
+        clock (kept only if the host's clock says otherwise)."""
         self.cell_close(token, status, number=number, variables=variables)
 
     def _show_meter(self, cell: _OpenCell, meter_id: str) -> None:
@@ -484,21 +487,18 @@ def says_more(record: CellRecord) -> bool:
 
 def cell_record(record: CellRecord, monitor: Monitor | None) -> Record:
     """The static record of one cell: its line, and under it its summary
-    table with the timeline's legend and the timeline picture (None for
+    table with the timeline's legend, and the timeline picture (None for
     fewer than two samples). A record that says little (:func:`says_more`)
-    is its line; the table is one click away and it has no picture."""
+    is its line, the table one click away, and has no picture."""
     s, status = record.summary, record.status
-    title = "nbmon" + (f" · {record.label}" if record.label else "")
-    if status != "ok":
-        title += f" · {status}"
     opened = says_more(record)
     timeline = None
     if opened and monitor is not None and s.num_samples > 1:
         timeline = record_timeline(monitor.store, record.stats, record.t_open)
     rows = s.rows() + ([timeline.legend] if timeline is not None else [])
     line = one_line(record)
-    return Record(html_table(title, rows, status=status, line=line, folded=not opened),
-                  text_table(title, rows) if opened else line, timeline)
+    return Record(html_table(line, rows, status=status, folded=not opened),
+                  text_table(line, rows) if opened else line, timeline)
 
 
 def one_line(record: CellRecord) -> str:

@@ -11,6 +11,7 @@ import ast
 import collections
 import io
 import itertools
+import math
 import os
 import sys
 import threading
@@ -28,7 +29,7 @@ from IPython.display import display, update_display
 from .. import options as opts
 from ..sinks import senders
 from ..format import printable
-from ..options import DEFAULT_WINDOW_S, MAGIC, RECORD_OPEN_AFTER_S, Options, check_interval
+from ..options import DEFAULT_WINDOW_S, MAGIC, Options, check_interval
 from ..report.summary import ResourceSummary
 from .session import SESSION, options_dict
 
@@ -242,7 +243,8 @@ class ResmonMagics(Magics):
         self.auto_threshold_s: float | None = None
         self._auto_cell: str | None = None   # the token of the cell auto mode watches now
         self._auto_t0 = 0.0                   # its start, by the kernel's clock
-        self._auto_tokens = itertools.count()
+        self._tokens = itertools.count()      # the kernel's names for cells it opens by a note
+        self._monitor_known = False           # a cell's answer said the monitor runs: quiet cells need no answer
         self._closing: tuple | None = None   # a %%resmon cell's close, for its post_run_cell
 
     @magic_arguments()
@@ -354,6 +356,7 @@ class ResmonMagics(Magics):
     def stop(self, summary: bool = True) -> None:
         """Stop monitoring; each dashboard is replaced by its static record,
         and the run's summary is shown (unless not ``summary``)."""
+        self._monitor_known = False
         self._auto("off", quiet=True)
         self._unwatch_cluster()
         if SESSION.host is None:
@@ -381,9 +384,9 @@ class ResmonMagics(Magics):
         if self.auto_threshold_s is not None and not source.lstrip().startswith("%%resmon"):
             # Cells shorter than the threshold are neither shown nor kept in the history; the
             # kernel waits for no answer at either end of one (only a longer one's line).
-            token = f"auto-{next(self._auto_tokens)}"
+            token = f"auto-{next(self._tokens)}"
             try:
-                SESSION.notify("auto_cell_open", token, number, self.auto_threshold_s)
+                SESSION.notify("cell_open_note", token, number, self.auto_threshold_s)
             except Exception as err:  # noqa: BLE001
                 _said(err)
             else:
@@ -408,7 +411,7 @@ class ResmonMagics(Magics):
             number = prompt_number(self.shell, result)
             try:
                 if time.perf_counter() - self._auto_t0 < self.auto_threshold_s:
-                    SESSION.notify("auto_cell_close", token, status, number, variables)
+                    SESSION.notify("cell_close_note", token, status, number, variables)
                     closed = {}
                 else:
                     closed = SESSION.host.cell_close(token, status, show="line", number=number, variables=variables)
@@ -471,13 +474,19 @@ class ResmonMagics(Magics):
         number = prompt_number(shell)
         try:
             host = SESSION.host_for(backend)
-            opened = host.cell_open(options_dict(options), label=args.label, number=number,
-                                    meter=not args.quiet)
+            if self._quiet_note(args, backend):
+                opened = {"token": f"cell-{next(self._tokens)}", "meter_id": None, "start_time": time.time(),
+                          "t_open": math.nan, "noted": True}
+                SESSION.notify("cell_open_note", opened["token"], number, 0.0, options_dict(options), args.label)
+            else:
+                opened = host.cell_open(options_dict(options), label=args.label, number=number,
+                                        meter=not args.quiet)
+                self._monitor_known = True
+                SESSION.sizes.watch(opened["variables"])
         except Exception as err:  # noqa: BLE001 - the cell runs unmonitored
             _said(err)
             value = self._run_users_cell(cell, number)
             return None if args.output else value
-        SESSION.sizes.watch(opened["variables"])
         SESSION.sizes.ready(shell)   # what the cell changes: the namespace before it, if not known
         dask_cell, record = _dask_cell(opened, args.label, number)
         status, summary = "ok", None
@@ -498,13 +507,21 @@ class ResmonMagics(Magics):
                 summary = self._close_cell(host, opened, status, args, record)
             else:
                 # Its meter (shown) becomes the record's table there; the timeline's place
-                # is kept beside it, before the cell's value that IPython shows next (a
-                # cell long enough for one: a shorter one's record is likely a line).
-                long = time.time() - opened["start_time"] >= RECORD_OPEN_AFTER_S
-                shown = long and not args.quiet and SESSION.outlet.showing(opened["meter_id"])
+                # is kept beside it, before the cell's value that IPython shows next (empty,
+                # no taller than nothing, if the record is a line).
+                shown = not args.quiet and SESSION.outlet.showing(opened["meter_id"])
                 slot = _show(PENDING, display_id=True).display_id if shown else None
                 self._closing = (host, opened, status, args, record, slot)
         return summary if args.output else value
+
+    def _quiet_note(self, args, backend: str | None) -> bool:
+        """Whether a ``%%resmon`` cell opens and closes by notes, the kernel
+        waiting for no answer: a quiet one (nothing shown, nothing returned,
+        no Dask cluster watched) once an answer said the monitor runs in a
+        helper that still answers."""
+        nbmon_dask = sys.modules.get("nbmon.dask")
+        return (args.quiet and not args.output and backend is None and self._monitor_known and SESSION.remote
+                and not SESSION.host.gone and (nbmon_dask is None or nbmon_dask.watching() is None))
 
     def _close_cell(self, host, opened: dict, status: str, args, record, slot: str | None = None):
         """The cell's end: its record shown (in place of its meter, if one
@@ -516,6 +533,12 @@ class ResmonMagics(Magics):
             extra = cell_html(record)
         show = "record" if not args.quiet else "summary" if args.output else ""
         variables = SESSION.sizes.cell_ended(self.shell)
+        if opened.get("noted"):
+            try:
+                SESSION.notify("cell_close_note", opened["token"], status, None, variables)
+            except Exception as err:  # noqa: BLE001
+                _said(err)
+            return None
         try:
             closed = host.cell_close(opened["token"], status, show=show, extra_html=extra, variables=variables)
         except Exception as err:  # noqa: BLE001

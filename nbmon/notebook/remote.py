@@ -43,7 +43,7 @@ IMPORTS = ("nbmon", "numpy", "psutil", "pynvml", "traitlets", "comm", "ipywidget
 # What the kernel may ask of the host (nbmon.notebook.host.SessionHost's methods), and tell it.
 CALLS = frozenset({"hello", "start", "info", "stop", "stop_auto", "summary", "status", "cell_open", "cell_close",
                    "last_summary", "history", "samples", "view_open", "view_start"})
-NOTES = frozenset({"cell_started", "cell_finished", "auto_cell_open", "auto_cell_close"})
+NOTES = frozenset({"cell_started", "cell_finished", "cell_open_note", "cell_close_note"})
 _hosts: "weakref.WeakSet[RemoteHost]" = weakref.WeakSet()
 
 

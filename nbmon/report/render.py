@@ -28,22 +28,21 @@ _GRID = 'align="right" style="text-align:right;padding:1px 0 1px 12px;background
 
 
 def html_table(title: str, rows: list[tuple[str, str]], *, status: str = "ok", extra: str = "",
-               line: str | None = None, folded: bool = False) -> str:
+               folded: bool = False) -> str:
     """A two-column table under a bold title; ``status`` other than 'ok'
-    colours its left border red (the title says the status in words). With
-    ``line`` (which then stands for the title), the table is one click away
-    under it, in a ``<details>``, open unless ``folded``; a viewer without
-    ``<details>`` shows both."""
+    colours its left border red (the title says the status in words).
+    ``folded``: the table is one click away under the title, in a
+    ``<details>`` (which nbconvert's ``--sanitize-html`` alone of the
+    viewers shows as text: a record with much to say is never folded)."""
     color = "#2a7d2a" if status == "ok" else "#c0392b"
     body = "".join(f"<tr><td {_LABEL}>{html.escape(k)}</td><td {_VALUE}>{html.escape(v)}</td></tr>"
                    for k, v in rows)
     table = f'<table style="border-collapse:collapse;margin:2px 0 0">{body}</table>{extra}'
-    if line is None:
-        inner = f"<div><b>{html.escape(title)}</b></div>{table}"
+    if folded:
+        inner = f"<details><summary>{html.escape(title)}</summary>{table}</details>"
     else:
-        inner = (f'<details{"" if folded else " open"}><summary style="cursor:pointer">{html.escape(line)}'
-                 f"</summary>{table}</details>")
-    padding = "1px 10px" if line is not None and folded else "4px 10px"   # a line: no taller than text
+        inner = f"<div><b>{html.escape(title)}</b></div>{table}"
+    padding = "1px 10px" if folded else "4px 10px"   # a line: no taller than its text
     return (f'<div class="nbmon-summary" data-status="{html.escape(status)}" '
             f'style="display:inline-block;border-left:3px solid {color};padding:{padding};'
             f'font:12px/1.4 system-ui,sans-serif">{inner}</div>')
