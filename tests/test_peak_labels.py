@@ -13,9 +13,9 @@ MIB = 2 ** 20
 SLACK_MB = 2.0   # the PSS read outside and nbmon's samples are taken moments apart
 
 
-def pss_mb(pid: int) -> float:
+def pss_mb(pid: int, field: str = "Pss:") -> float:
     with open(f"/proc/{pid}/smaps_rollup") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("Pss:")) / 1024
+        return next(int(line.split()[1]) for line in f if line.startswith(field)) / 1024
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +45,12 @@ def holds(row: dict, lowest_true_peak: float) -> None:
 
 
 def test_a_cell_that_only_frees_peaks_where_it_started(kernel):
+    # Its own pages (anonymous) at least, all it held at most: the share of its
+    # file pages moves as other processes map the same libraries.
+    own = pss_mb(kernel.pid, "Pss_Anon:")
     before, row = record(kernel, "del x")
-    assert row["peak"] == pytest.approx(before, abs=SLACK_MB)
-    holds(row, before)
+    assert own - SLACK_MB <= row["peak"] <= before + SLACK_MB, (own, before, row)
+    holds(row, own)
 
 
 def test_a_cell_below_an_earlier_peak_is_not_exact_unless_it_saw_its_own(kernel):
