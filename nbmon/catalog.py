@@ -254,6 +254,12 @@ def recorded() -> list[tuple[Metric, Shown]]:
     return sorted(((m, shown) for m in METRICS for shown in m.record), key=lambda pair: pair[1].rank)
 
 
+# The tree's levels that move with the kernel's own resident pages: where a
+# cell's first sample comes late, its start is these corrected by how far
+# the kernel's RSS moved meanwhile (engine.Monitor.window).
+WITH_KERNEL_RSS = ("proc_pss_mb", "proc_rss_mb", "proc_rss_anon_mb")
+
+
 def line_stats(metric: Metric) -> tuple[str, ...]:
     """The statistics of ``metric`` a one-line record gives, in order."""
     return metric.line or (metric.summary,)

@@ -16,6 +16,7 @@ import warnings
 import weakref
 from typing import Callable, Sequence
 
+from . import catalog
 from .sinks.consumers import ConsumerThread, as_consumer
 from .sampling.faults import FaultLog
 from .format import one_line
@@ -25,10 +26,17 @@ from .sampling.sampler import STOP_GRACE_S, Sampler, Sampling
 from .sources import Sources
 from .sources.machine import Machine
 from .sources.tree import ProcessTree
+from .sources.tree.memory import resident_mb
 from .sampling.store import Store, Window
 from .report.summary import ResourceSummary, summarize
 
 _running: "weakref.WeakSet[Monitor]" = weakref.WeakSet()
+
+
+# A cell's first sample read late (engine.Monitor.window): the watched
+# process's RSS moved less than this across it, or it was taken this often.
+STEADY_MB = 1.0
+STEADY_TRIES = 3
 
 
 class Monitor:
@@ -249,16 +257,37 @@ class Monitor:
             return ResourceSummary.zeroed()
         return summarize(self._run_window.stats())
 
-    def window(self) -> "Span":
+    def window(self, rss_at_start_mb: float | None = None) -> "Span":
         """Open a span whose summary covers only what happens from now on.
 
         A sample is taken at once (and another at ``close()``), so even a
         span shorter than the interval has exact figures: its start RSS for
-        the growth, and the kernel's peak since its start."""
+        the growth, and the kernel's peak since its start.
+
+        ``rss_at_start_mb``: the watched process's RSS when the span really
+        began, before this call (a cell opened by a note the helper read
+        late). The tree's memory then started where its first sample was
+        less how far that RSS moved since, so that a cell that frees at once
+        still peaks where it started and shrinks by what it freed; moved by
+        more than :data:`STEADY_MB`, its peak up to that sample is bracketed."""
         if self.store is None:
             raise RuntimeError("the monitor has not been started")
-        taken = self._sampler is not None and self._sampler.sample_now()
-        return Span(self, self.store.open_window(self.clock(), baseline=taken))
+        if rss_at_start_mb is None:
+            taken = self._sampler is not None and self._sampler.sample_now()
+            return Span(self, self.store.open_window(self.clock(), baseline=taken))
+        for _ in range(STEADY_TRIES):   # a sample of one moment: the RSS as steady across it
+            before = resident_mb(self.pid)
+            taken = self._sampler is not None and self._sampler.sample_now()
+            rss_mb = resident_mb(self.pid)
+            if abs(rss_mb - before) < STEADY_MB:
+                break
+        span = Span(self, self.store.open_window(self.clock(), baseline=taken))
+        moved = rss_at_start_mb - rss_mb
+        if taken and moved == moved:
+            metrics = [catalog.BY_NAME[name] for name in catalog.WITH_KERNEL_RSS]
+            span.window.start_moved(moved, {m.name: tuple(filter(None, (m.peak, m.bound))) for m in metrics},
+                                    tuple(m.bound for m in metrics if m.bound) if abs(moved) >= STEADY_MB else ())
+        return span
 
     def rest(self, resting: bool, every_s: float | None = None) -> None:
         """While ``resting`` (a notebook between its cells), sample only

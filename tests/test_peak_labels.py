@@ -4,6 +4,10 @@ from outside nbmon -- the kernel's PSS in /proc/<pid>/smaps_rollup before
 the cell, and the sizes the cells allocate."""
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+
 import pytest
 
 from helpers import figure
@@ -26,13 +30,23 @@ def kernel():
         yield kernel
 
 
-def record(kernel: RealKernel, code: str) -> tuple[float, dict]:
-    """(the kernel's PSS just before the cell, the cell's record: peak, kind, at most)."""
+def monitored(kernel: RealKernel, code: str) -> float:
+    """Run ``code`` as a quiet ``%%resmon`` cell; the kernel's PSS just before it."""
     before = pss_mb(kernel.pid)
     kernel.run("%%resmon --quiet\n" + code)
-    row = kernel.value("(lambda s: {'peak': s.peak_mem_mb, 'kind': s.peak_mem_kind, 'at_most': s.peak_mem_bound_mb})"
-                       "(__import__('nbmon').last_summary())")
-    return before, row
+    return before
+
+
+def last_record(kernel: RealKernel) -> dict:
+    """The last cell's record: peak, kind, at most, growth."""
+    return kernel.value("(lambda s: {'peak': s.peak_mem_mb, 'kind': s.peak_mem_kind, "
+                        "'at_most': s.peak_mem_bound_mb, 'growth': s.memory_growth_mb})"
+                        "(__import__('nbmon').last_summary())")
+
+
+def record(kernel: RealKernel, code: str) -> tuple[float, dict]:
+    """(the kernel's PSS just before the cell, the cell's record)."""
+    return monitored(kernel, code), last_record(kernel)
 
 
 def holds(row: dict, lowest_true_peak: float) -> None:
@@ -44,13 +58,31 @@ def holds(row: dict, lowest_true_peak: float) -> None:
         assert row["at_most"] is None or row["at_most"] >= lowest_true_peak - SLACK_MB, row
 
 
-def test_a_cell_that_only_frees_peaks_where_it_started(kernel):
+@contextlib.contextmanager
+def helper_stopped(kernel: RealKernel):
+    """The session's helper stopped meanwhile: it reads a quiet cell's notes
+    (its start, its end) only after the cell ran, as a loaded machine may."""
+    helper = kernel.value("__import__('nbmon.notebook.session').notebook.session.SESSION.host.pid")
+    os.kill(helper, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(helper, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["read at once", "read after the cell"])
+def test_a_cell_that_only_frees_peaks_where_it_started(kernel, late):
+    kernel.run("x = np.ones(300 * 2**20 // 8)")
     # Its own pages (anonymous) at least, all it held at most: the share of its
     # file pages moves as other processes map the same libraries.
     own = pss_mb(kernel.pid, "Pss_Anon:")
-    before, row = record(kernel, "del x")
+    with helper_stopped(kernel) if late else contextlib.nullcontext():
+        before = monitored(kernel, "del x")
+    row = last_record(kernel)
     assert own - SLACK_MB <= row["peak"] <= before + SLACK_MB, (own, before, row)
     holds(row, own)
+    # It shrank by what it freed (its start and end read apart: the slack of each).
+    assert row["growth"] == pytest.approx(-300, abs=2 * SLACK_MB), row
 
 
 def test_a_cell_below_an_earlier_peak_is_not_exact_unless_it_saw_its_own(kernel):

@@ -84,6 +84,10 @@ def saved(tmp_path_factory):
     root.mkdir()
     nb = new_notebook(metadata={"kernelspec": KERNELSPEC}, cells=[new_code_cell(c) for c in CELLS])
     NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(root)}}).execute()
+    work = nb.cells[CELLS.index(WORK)].outputs
+    # The notebook itself holds the cell's record, before any viewer reads it.
+    assert any("Duration" in out.get("data", {}).get("text/html", "") for out in work), \
+        [(out.output_type, out.get("text") or out.get("data", {}).get("text/plain", "")) for out in work]
     nbformat.write(nb, root / "untrusted.ipynb")
     trusted = nbformat.from_dict({**nb, "metadata": {**nb.metadata, "copy": "trusted"}})
     nbformat.write(trusted, root / "trusted.ipynb")   # other bytes: a signature is of the content, not the name

@@ -260,15 +260,18 @@ class SessionHost:
         monitor.rest(True)
 
     def cell_open(self, options: dict | None = None, *, label: str = "", number: int | None = None,
-                  meter: bool = False, min_duration_s: float = 0.0, token: str | None = None) -> dict:
+                  meter: bool = False, min_duration_s: float = 0.0, token: str | None = None,
+                  kernel_rss_mb: float | None = None) -> dict:
         """A monitored cell starts: its span opens (a sample now). With
         ``meter``, a cell still running after :data:`METER_AFTER_S` gets its
         live meter, displayed with the answer's ``meter_id`` (a quick cell
         does not pay for one). ``token``: the caller's name for the cell
-        (one that waits for no answer), else the answer gives one."""
+        (one that waits for no answer), else the answer gives one;
+        ``kernel_rss_mb``: the kernel's RSS as the cell started, where that
+        was before this call (:meth:`~nbmon.engine.Monitor.window`)."""
         self._ensure(options, "cell")
         self.monitor.rest(False)
-        span = self.monitor.window()
+        span = self.monitor.window(kernel_rss_mb)
         record = CellRecord(number, label, start_time=time.time(), t_open=span.t_open)
         if token is None:
             self._tokens += 1
@@ -284,11 +287,14 @@ class SessionHost:
         return {"token": token, "t_open": span.t_open, "start_time": record.start_time, "meter_id": meter_id,
                 "variables": self.sizing()}
 
-    def cell_open_note(self, token: str, number: int | None, min_duration_s: float,
+    def cell_open_note(self, token: str, number: int | None, min_duration_s: float, kernel_rss_mb: float,
                        options: dict | None = None, label: str = "") -> None:
         """:meth:`cell_open` as a note, the kernel waiting for nothing: auto
-        mode's cells, and quiet ``%%resmon`` cells once a monitor runs."""
-        self.cell_open(options, label=label, number=number, min_duration_s=min_duration_s, token=token)
+        mode's cells, and quiet ``%%resmon`` cells once a monitor runs. The
+        cell may be well under way when it is read: ``kernel_rss_mb``, read
+        by the kernel as it started, says where its memory began."""
+        self.cell_open(options, label=label, number=number, min_duration_s=min_duration_s, token=token,
+                       kernel_rss_mb=kernel_rss_mb)
 
     def cell_close_note(self, token: str, status: str, number: int | None, variables: dict | None) -> None:
         """:meth:`cell_close` as a note, for a cell nothing is shown of: a

@@ -31,6 +31,7 @@ from ..sinks import senders
 from ..format import printable
 from ..options import DEFAULT_WINDOW_S, MAGIC, Options, check_interval
 from ..report.summary import ResourceSummary
+from ..sources.tree.memory import resident_mb
 from .session import SESSION, options_dict
 
 SUBCOMMANDS = ("start", "stop", "status", "summary", "auto")
@@ -386,7 +387,7 @@ class ResmonMagics(Magics):
             # kernel waits for no answer at either end of one (only a longer one's line).
             token = f"auto-{next(self._tokens)}"
             try:
-                SESSION.notify("cell_open_note", token, number, self.auto_threshold_s)
+                SESSION.notify("cell_open_note", token, number, self.auto_threshold_s, resident_mb())
             except Exception as err:  # noqa: BLE001
                 _said(err)
             else:
@@ -477,7 +478,8 @@ class ResmonMagics(Magics):
             if self._quiet_note(args, backend):
                 opened = {"token": f"cell-{next(self._tokens)}", "meter_id": None, "start_time": time.time(),
                           "t_open": math.nan, "noted": True}
-                SESSION.notify("cell_open_note", opened["token"], number, 0.0, options_dict(options), args.label)
+                SESSION.notify("cell_open_note", opened["token"], number, 0.0, resident_mb(), options_dict(options),
+                               args.label)
             else:
                 opened = host.cell_open(options_dict(options), label=args.label, number=number,
                                         meter=not args.quiet)

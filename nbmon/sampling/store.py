@@ -136,6 +136,26 @@ class Window:
             return self.closed
         return self.store._stats_of(self)
 
+    def start_moved(self, by: float, reach: dict[str, tuple[str, ...]], bracketed: tuple[str, ...] = ()) -> None:
+        """The window's true start was before its baseline sample, when the
+        columns ``reach`` names stood ``by`` away from it: their first values
+        move by ``by`` and count toward their own extremes and those of the
+        columns ``reach`` lists for each (their peaks); the baseline's values
+        of the ``bracketed`` columns (upper ends over the interval up to it)
+        count toward their maxima."""
+        with self.store._lock:
+            f = self.folded
+            index = {name: j for j, name in enumerate(f.columns)}
+            for name in bracketed:
+                if name in index:
+                    f.max[index[name]] = np.fmax(f.max[index[name]], f.first[index[name]])
+            for name, peaks in reach.items():
+                if name not in index:
+                    continue
+                level = f.first[index[name]] = f.first[index[name]] + by
+                for j in (index[c] for c in (name, *peaks) if c in index):
+                    f.max[j], f.min[j] = np.fmax(f.max[j], level), np.fmin(f.min[j], level)
+
     def close(self) -> Stats:
         if self.closed is None:
             self.closed = self.store._close_window(self)
