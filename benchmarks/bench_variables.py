@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import os
 import platform
 import statistics
@@ -82,6 +83,10 @@ def table(cells: int) -> list[str]:
     rows, at_most = {}, {}
     for libraries in ("NumPy, pandas", "NumPy, pandas, torch"):
         if libraries.endswith("torch"):
+            if importlib.util.find_spec("torch") is None:
+                for count in NAMES:
+                    rows[count].append("(torch not installed)")
+                continue
             import torch  # noqa: F401 - from here on the sizers know torch's types
         for count in NAMES:
             us = sorted(measure(count, cells))

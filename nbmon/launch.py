@@ -1,7 +1,8 @@
 """Starting nbmon's helper processes -- the sampler process
 (:mod:`nbmon.sampling.process`) and the notebook's session host
-(:mod:`nbmon.notebook.serve`) -- and whether this process has room to start
-anything of nbmon's at all (:func:`check_room`, :class:`StartError`).
+(:mod:`nbmon.notebook.serve`) --, the frames both speak on their pipes
+(:func:`frame`, :class:`Frames`), and whether this process has room to
+start anything of nbmon's at all (:func:`check_room`, :class:`StartError`).
 
 A helper starts isolated (-I: no current directory, PYTHONPATH or user
 site-packages on sys.path; cwd /), so that a notebook opened in a shared
@@ -19,9 +20,12 @@ from importlib.machinery import PathFinder
 import json
 import os
 import resource
+import select
 import site
+import struct
 import subprocess
 import sys
+import time
 
 from . import catalog
 
@@ -84,6 +88,67 @@ def spawn(entry: str, args: list[str], imports, pass_fds: tuple[int, ...] = ()) 
         [sys.executable, "-I", "-c", _BOOT, json.dumps(places), entry, *args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
         close_fds=True, pass_fds=pass_fds, start_new_session=True)
+
+
+# A frame on a helper's pipe: its kind (one byte), its payload's length, the payload.
+FRAME = struct.Struct("<cI")
+MAX_FRAME = 256 << 20   # plotly's bundle is ~5 MB; anything this large is a broken pipe
+
+
+def frame(kind: bytes, payload) -> bytes:
+    return FRAME.pack(kind, len(payload)) + payload
+
+
+def write_all(fd: int, data: bytes, deadline: float | None = None) -> None:
+    """Write ``data`` whole; to a non-blocking ``fd`` by ``deadline``
+    (time.monotonic(); TimeoutError past it, the frame maybe cut)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError from None
+            select.select([], [fd], [], left)
+
+
+class Frames:
+    """Frames from a pipe, each whole: :meth:`read` returns (kind, payload),
+    or None at the pipe's end (or at a frame no sender of ours would make)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._buffer = bytearray()
+
+    def buffered(self) -> bool:
+        """Whether a whole frame is here already (read() will not block)."""
+        if len(self._buffer) < FRAME.size:
+            return False
+        return len(self._buffer) >= FRAME.size + FRAME.unpack_from(self._buffer)[1]
+
+    def read(self, deadline: float | None = None) -> tuple[bytes, bytes] | None:
+        """The next frame; TimeoutError if none is whole by ``deadline`` (time.monotonic())."""
+        while True:
+            if len(self._buffer) >= FRAME.size:
+                kind, size = FRAME.unpack_from(self._buffer)
+                if size > MAX_FRAME:
+                    return None
+                if len(self._buffer) >= FRAME.size + size:
+                    payload = bytes(self._buffer[FRAME.size:FRAME.size + size])
+                    del self._buffer[:FRAME.size + size]
+                    return kind, payload
+            if deadline is not None:
+                ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    raise TimeoutError
+            try:
+                chunk = os.read(self.fd, 1 << 20)   # blocks without the GIL
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            self._buffer += chunk
 
 
 def free_fds() -> tuple[int, int]:

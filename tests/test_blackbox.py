@@ -142,6 +142,57 @@ def test_a_box_kept_for_another_process_ends_with_its_last_sign_of_life(boxes):
     assert box.records[-1].wall <= died, (box.records[-1].wall, died)
 
 
+def machine_percent() -> float:
+    """The machine's memory in use, as a percentage (total less available), read here."""
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) for line in f}
+    return 100.0 * (1 - info["MemAvailable"] / info["MemTotal"])
+
+
+def full_pipe() -> tuple[int, int]:
+    """A pipe whose buffer is full, blocking: a kernel's that reads nothing (its GIL held by a C call)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        while True:
+            os.write(write_end, b"x" * 65536)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_end, True)
+    return read_end, write_end
+
+
+def test_the_box_keeps_its_records_while_the_kernel_reads_nothing(boxes):
+    """A memory warning comes while the kernel reads nothing from the helper
+    (its pipe full): the box, written on the same thread as the warning is
+    said from, keeps its one-second records all the same."""
+    from nbmon.notebook.host import watch_kernel
+    from nbmon.notebook.serve import Outlet, Pipe
+    from nbmon.postmortem.blackbox import CellNote
+
+    read_end, write_end = full_pipe()
+    # A threshold the machine is past already: the warning comes with the first reading.
+    monitor = Monitor(interval=0.05, gpu=False, memory_warning_percent=max(1.0, machine_percent() - 5))
+    note = CellNote()
+    watch_kernel(monitor, note, Outlet(Pipe(write_end)).say)
+    note.started(7, "train()")   # a warning is said in the running cell
+    try:
+        with monitor:
+            path = wait_until(lambda: boxes.is_dir() and next((boxes / n for n in os.listdir(boxes)), None),
+                              what="the box")
+            time.sleep(4.0)   # the warning is said (and waits on the pipe) meanwhile
+            newest = blackbox.read_box(str(path)).records[-1].wall
+            read_at = time.time()
+            os.close(read_end)   # the writer, if it waits, ends (EPIPE)
+            read_end = -1
+    finally:
+        if read_end >= 0:
+            os.close(read_end)
+        os.close(write_end)
+    # A record a second, the newest no older than two: none held back by the warning's wait.
+    assert read_at - newest < 2.0, read_at - newest
+
+
 BEYOND_THE_BUDGET = """
     import json, os, resource, time
     resource.setrlimit(resource.RLIMIT_NOFILE, (80, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))

@@ -10,6 +10,7 @@ import sys
 import time
 
 from helpers import wait_until
+from nbmon.engine import Monitor
 from nbmon.private import pid_started
 from nbmon.sources.tree.peaks import PeakMark
 
@@ -113,6 +114,35 @@ def test_the_board_goes_with_its_last_reader_even_when_another_was_killed():
     assert os.path.exists(path)        # later still reads it
     later.close()
     assert not os.path.exists(path)    # the killed reader's slot does not keep it
+
+
+def test_a_monitor_that_starts_sweeps_the_boards_of_processes_gone():
+    """A reader SIGKILLed with the process it watched (a killed ``nbmon run
+    --exact-peaks`` and its tree) leaves their board; the next monitor with
+    exact peaks removes it as it starts, even in a process that swept
+    moments ago."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    swept = PeakMark(os.getpid())   # a board opened here: this process swept just now
+    assert swept.open()
+    swept.close()
+    watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(watched.pid), root],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    board = os.path.join(os.path.dirname(swept.path), f"{watched.pid}-{pid_started(watched.pid)}")
+    try:
+        assert json.loads(reader.stdout.readline()) == {"open": True} and os.path.exists(board)
+    finally:
+        for process in (reader, watched):
+            process.kill()
+            process.wait()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with Monitor(other.pid, interval=0.05, gpu=False, exact_peaks=True):
+            pass
+    finally:
+        other.kill()
+        other.wait()
+    assert not os.path.exists(board)
 
 
 def test_a_reused_pid_gets_a_board_of_its_own():

@@ -17,6 +17,7 @@ from IPython.utils.capture import capture_output
 
 import nbmon
 from helpers import in_forked_child, wait_until
+from nbmon import launch
 from nbmon.notebook import remote
 from nbmon.notebook.remote import Reader, RemoteHost, pack, unpack
 from nbmon.notebook.session import SESSION, Outlet
@@ -28,9 +29,9 @@ def test_frames_carry_json_and_buffers_byte_for_byte():
     big = os.urandom(5 << 20)   # plotly's bundle is ~5 MB
     buffers = [memoryview(x), memoryview(y), b"", big]   # numpy's count items, not bytes
     frame = pack(b"M", {"comm_id": "c", "data": {"n": 1.5, "nan": float("nan")}}, buffers)
-    kind, size = remote._FRAME.unpack_from(frame)
-    head, got = unpack(frame[remote._FRAME.size:])
-    assert kind == b"M" and size == len(frame) - remote._FRAME.size
+    kind, size = launch.FRAME.unpack_from(frame)
+    head, got = unpack(frame[launch.FRAME.size:])
+    assert kind == b"M" and size == len(frame) - launch.FRAME.size
     assert head["comm_id"] == "c" and head["data"]["n"] == 1.5 and head["data"]["nan"] != head["data"]["nan"]
     assert got == [x.tobytes(), y.tobytes(), b"", big]
 
@@ -44,7 +45,7 @@ def test_a_reader_joins_frames_split_anyhow_and_stops_at_a_broken_one():
             os.write(w, frames[k:k + 3])
         assert reader.read() == (b"R", {"id": 1, "value": 2}, [])
         assert reader.buffered() and reader.read() == (b"P", {"text": "hi"}, [b"abc"])
-        os.write(w, remote._FRAME.pack(b"M", remote.MAX_FRAME + 1))   # no sender of ours makes this
+        os.write(w, launch.FRAME.pack(b"M", launch.MAX_FRAME + 1))   # no sender of ours makes this
         assert reader.read() is None
         os.close(w)
         w = None
@@ -118,14 +119,23 @@ def test_a_live_view_in_the_helper_reaches_the_page_through_the_kernels_comms(ho
     wait_until(lambda: relayed[chart][-1][0] == "comm_close", what="the chart's comm to close")
 
 
-def test_a_helper_that_dies_is_one_sentence_and_the_cell_runs(ip):
-    """The helper killed (the OOM killer may pick it): the next %%resmon cell
-    runs unmonitored with one line on stderr, nothing raised, nothing hung."""
-    os.kill(SESSION.host.pid, signal.SIGKILL)
+def test_a_helper_that_dies_is_one_sentence_and_the_next_monitored_cell_starts_another(ip):
+    """The helper killed (the OOM killer may pick it): what the user reads
+    says so in one line and reads empty, nothing raised, nothing hung; the
+    next %%resmon cell starts a new helper, says so, and is monitored."""
+    with capture_output():
+        ip.run_cell_magic("resmon", "--quiet", "rm_k = 1")
+    old = SESSION.host.pid
+    os.kill(old, signal.SIGKILL)
     wait_until(lambda: SESSION.host.gone, what="the relay to see the helper's end")
     with capture_output() as cap:
-        assert ip.run_cell_magic("resmon", "", "rm_k = 6 * 7\nrm_k") == 42
-    assert cap.stderr.strip().splitlines() == ["nbmon: the helper process ended"]
+        assert nbmon.history().empty and nbmon.last_summary() is None and nbmon.samples().empty
+    assert cap.stderr.strip().splitlines() == ["nbmon: the helper process ended"] * 3
+    with capture_output() as cap:
+        assert ip.run_cell_magic("resmon", "--label again", "rm_k = 6 * 7\nrm_k") == 42
+    assert cap.stderr.strip().splitlines() == [
+        "nbmon: the helper process ended; a new helper process watches from here (what the old one held is gone)"]
+    assert SESSION.host.pid != old and list(nbmon.history()["label"]) == ["again"]
 
 
 def test_a_helper_that_stops_answering_never_hangs_the_cell(ip, monkeypatch):
@@ -144,11 +154,14 @@ def test_a_helper_that_stops_answering_never_hangs_the_cell(ip, monkeypatch):
             pass
     assert took < 5.0
     assert cap.stderr.startswith("nbmon: the helper process did not answer cell_open within 1 s")
-    # Ended, not waited for again: the next cell says so at once (and cells without the magic say nothing).
+    # Ended, not waited for again: the next monitored cell has a new helper, and says why.
+    why = SESSION.host.gone
     wait_until(lambda: _gone(helper), what="the stopped helper to be ended")
     with capture_output() as cap:
         assert ip.run_cell_magic("resmon", "", "rm_h + 2") == 3
-    assert cap.stderr.strip().splitlines() == [f"nbmon: {SESSION.host.gone}"]
+    assert cap.stderr.strip().splitlines() == [
+        f"nbmon: {why}; a new helper process watches from here (what the old one held is gone)"]
+    assert SESSION.host.pid != helper and not SESSION.host.gone
 
 
 def test_notes_to_a_helper_that_takes_nothing_never_block(ip, monkeypatch):

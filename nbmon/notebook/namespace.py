@@ -11,11 +11,21 @@ nothing of them:
   an object of any other class counts as not sized;
 - a library's types are looked up in ``sys.modules``: nothing is imported,
   and a library the user has not imported costs nothing;
-- types are matched on ``type(value).__mro__``, never with ``isinstance``
-  (a proxy's ``__class__`` could run code), only the exact built-in
+- no code of the user's runs: types are matched on ``type(value)``'s MRO,
+  read through ``type``'s own descriptors, never with ``isinstance`` (a
+  proxy's ``__class__`` could run code); a value whose metaclass has a hash,
+  equality or attribute lookup of its own, or a name that is not a plain
+  ``str``, is not sized; a library's sizer takes the library's own classes
+  only (a user's subclass may override any property it reads), but for
+  torch's modules, read from their own tables; only the exact built-in
   containers are walked (one level deep, :data:`MAX_ITEMS` elements each),
   and tensor subclasses other than parameters are left unsized (their
   ``__torch_function__`` could run code);
+- a size is what memory holds: an array's span (a zero-stride view is its
+  element), nothing for a file mapping (``np.memmap``) or a tensor with no
+  storage (on the meta device), at most the machine's memory, and the
+  survey ends after :data:`SURVEY_DEADLINE_S` of CPU (the names left are counted as
+  not sized, and the next survey starts afresh);
 - a buffer is known by its address (an array's data, a tensor's storage)
   or by the id of the object that owns it, so one that several names reach
   (views, a DataFrame over an array) is counted once;
@@ -27,7 +37,10 @@ from __future__ import annotations
 
 import gc
 import heapq
+import mmap
+import os
 import sys
+import time
 import types
 from itertools import islice
 from operator import itemgetter
@@ -38,6 +51,21 @@ from ..report.variables import TOP, Var, Variables
 MAX_ITEMS = 256        # a container's elements looked at; beyond them its size is a lower bound
 MAX_WALKED = 4096      # elements looked at in one survey, all containers together
 MAX_TENSORS = 10_000   # a module's parameters and buffers looked at
+SURVEY_DEADLINE_S = 0.05   # a survey's CPU time: the names left are counted as not sized
+DEADLINE_EVERY = 256       # names sized between two looks at the clock
+try:   # no buffer is larger than the machine's memory (a size past it is an object's own claim)
+    MAX_BYTES = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+except (ValueError, OSError):
+    MAX_BYTES = 1 << 50
+
+# Read through type's own descriptors: a metaclass's property or
+# __getattribute__ is never called.
+_mro = type.__dict__["__mro__"].__get__
+_class_dict = type.__dict__["__dict__"].__get__
+_class_name = type.__dict__["__name__"].__get__
+_class_module = type.__dict__["__module__"].__get__
+# What a metaclass may define for its classes to be hashed, compared and read here.
+_META_HOOKS = ("__hash__", "__eq__", "__getattribute__", "__getattr__", "__mro__", "__name__", "__module__")
 
 # Neither sized nor "not sized": values that hold no data worth naming.
 _IGNORED = frozenset({int, float, complex, bool, type(None), type(...), type(NotImplemented), range, slice,
@@ -48,6 +76,16 @@ _CONTAINERS = frozenset((list, tuple, dict, set, frozenset))
 _BYTES_LIKE = (bytes, bytearray)
 _MISSING = object()
 _RENAMED = {"ArrayImpl": "Array"}   # JAX's arrays, as its users know them (jax.Array)
+
+
+class _NotSized(Exception):
+    """A sizer's answer for a value that holds no memory of its own to count (a file mapping)."""
+
+
+def _library(kind: type) -> str:
+    """The top-level package that defines ``kind`` ('' if unknown)."""
+    module = _class_module(kind)
+    return module.partition(".")[0] if type(module) is str else ""
 
 
 def _plain(value):
@@ -63,10 +101,13 @@ class Sizers:
 
     def __init__(self):
         self.exact = {bytes: _plain, bytearray: _plain, str: _plain, memoryview: self._memoryview}
-        self.bases: list[tuple[type, object]] = []
+        # (a library's class, its sizer, whether its subclasses anywhere take it too)
+        self.bases: list[tuple[type, object, bool]] = []
         self.ignored: set = set(_IGNORED)
         self.walked = 0
+        self.left = 0   # names the deadline left unsized
         self._memo: dict = {}   # the survey's own: types seen -> sizer (gone with it)
+        self._metas: dict[int, bool] = {id(type): True}   # metaclasses seen (by id: alive while the survey runs)
         self.roots: list = []   # while torch is imported, NumPy's root arrays (:meth:`_linked`; gone with the survey)
         self.storages: set[int] = set()   # the sizes of the tensors' storages seen
         for hook in (_numpy, _pandas, _torch, _jax, _cupy, _arrow):
@@ -82,37 +123,61 @@ class Sizers:
             return got
         got = self._memo.get(kind, _MISSING)
         if got is _MISSING:
-            mro = kind.__mro__
+            mro = _mro(kind)
             if type in mro or any(t in self.ignored for t in mro):   # classes, numpy scalars ...
                 got = _IGNORED
             else:
-                got = next((sizer for base, sizer in self.bases if base in mro), None)
+                got = next((sizer for base, sizer, anywhere in self.bases if base in mro
+                            and (anywhere or base is kind or _library(kind) == _library(base))), None)
             self._memo[kind] = got
+        return got
+
+    def plain(self, kind: type) -> bool:
+        """Whether ``kind`` can be hashed, compared and read without running
+        code of its metaclass's (one of its own, or inherited but ``type``'s)."""
+        meta = type(kind)
+        got = self._metas.get(id(meta))
+        if got is None:
+            got = self._metas[id(meta)] = not any(
+                hook in _class_dict(m) for m in _mro(meta) if m is not type and m is not object for hook in _META_HOOKS)
         return got
 
     def sized(self, ns: dict, hidden: dict) -> tuple[list, int]:
         """[(name, kind, buffers, device, at_least, id)] of the variables
         of ``ns`` sized (not those of ``hidden``, nor names starting with an
         underscore), and how many values could not be."""
-        ignored, exact, leaf, container = self.ignored, self.exact, self.leaf, self._container
+        ignored, exact, leaf, container, plain = self.ignored, self.exact, self.leaf, self._container, self.plain
         found, unsized = [], 0
-        for name, value in list(ns.items()):   # a copy: a thread of the user's may add names meanwhile
-            kind = type(value)
-            if kind in ignored or name[:1] == "_" or hidden.get(name, _MISSING) is value:
-                continue
-            try:
-                if kind in _CONTAINERS:
-                    buffers, device, at_least = container(value)
-                else:
-                    sizer = exact.get(kind) or leaf(kind)
-                    if sizer is None or sizer is _IGNORED:
-                        unsized += sizer is None
+        items = list(ns.items())   # a copy: a thread of the user's may add names meanwhile
+        deadline = time.thread_time() + SURVEY_DEADLINE_S   # its own CPU: a loaded machine's waits are not its cost
+        for start in range(0, len(items), DEADLINE_EVERY):
+            if start and time.thread_time() > deadline:
+                self.left = len(items) - start
+                unsized += self.left
+                break
+            for name, value in items[start:start + DEADLINE_EVERY]:
+                if type(name) is not str or name[:1] == "_":   # a str subclass's methods are its own
+                    continue
+                kind = type(value)
+                try:
+                    if type(kind) is not type and not plain(kind):
+                        unsized += 1
                         continue
-                    buffers, device, at_least = sizer(value)
-            except Exception:  # noqa: BLE001 - an object that fails to say its size is one not sized
-                unsized += 1
-                continue
-            found.append((name, _RENAMED.get(kind.__name__, kind.__name__), buffers, device, at_least, id(value)))
+                    if kind in ignored or hidden.get(name, _MISSING) is value:
+                        continue
+                    if kind in _CONTAINERS:
+                        buffers, device, at_least = container(value)
+                    else:
+                        sizer = exact.get(kind) or leaf(kind)
+                        if sizer is None or sizer is _IGNORED:
+                            unsized += sizer is None
+                            continue
+                        buffers, device, at_least = sizer(value)
+                except Exception:  # noqa: BLE001 - an object that fails to say its size is one not sized
+                    unsized += 1
+                    continue
+                name_of = _class_name(kind)
+                found.append((name, _RENAMED.get(name_of, name_of), buffers, device, at_least, id(value)))
         if self.roots and self.storages:
             found = self._linked(found)
         return found, unsized
@@ -148,9 +213,12 @@ class Sizers:
         device, at_least = "", walk < n
         for item in islice(box.values() if type(box) is dict else box, walk):
             kind = type(item)
+            if not self.plain(kind):
+                at_least = True
+                continue
             if kind in self.ignored:
                 continue
-            sizer = self.leaf(kind)
+            sizer = self.exact.get(kind) or self.leaf(kind)
             if sizer is _IGNORED:
                 continue
             if sizer is None:
@@ -169,26 +237,41 @@ def _arrays(ndarray, address, device=None):
     """A sizer of ``ndarray`` (NumPy's; CuPy's, ``device`` saying where an
     array is): the buffer at the root of its chain of bases, what that root
     reports (a view keeps all of it alive); an array over a bytes object
-    shares that object's buffer."""
-    nbytes, base = ndarray.nbytes.__get__, ndarray.base.__get__
+    shares that object's buffer; an array over a file mapping holds no
+    memory of its own to count (:class:`_NotSized`). Read through
+    ``ndarray``'s descriptors: a subclass's properties never run."""
+    nbytes, base, dtype = ndarray.nbytes.__get__, ndarray.base.__get__, ndarray.dtype.__get__
 
     def size(array):
         root, owner = array, base(array)
         if owner is None:   # most arrays: their own data
-            key, direct = address(array), True
+            key, direct, n = address(array), True, nbytes(array)
         else:
-            while owner is not None and ndarray in type(owner).__mro__:
+            while owner is not None and ndarray in _mro(type(owner)):
                 root, owner = owner, base(owner)
             kind = type(owner)
+            if kind is mmap.mmap:
+                raise _NotSized
             if kind in _BYTES_LIKE:
                 key, direct = id(owner), False
             elif kind is memoryview and type(owner.obj) in _BYTES_LIKE:
                 key, direct = id(owner.obj), False
             else:
                 key, direct = address(root), root is array
+            # Over memory it does not own (a strided view of another object's): its span at most.
+            n = nbytes(root) if owner is None else min(nbytes(root), _span(ndarray, root))
         # An array of objects: the objects are not walked.
-        return [(key, nbytes(root), direct)], device(array) if device else "", array.dtype.hasobject
+        return [(key, n, direct)], device(array) if device else "", dtype(array).hasobject
     return size
+
+
+def _span(ndarray, array) -> int:
+    """The bytes between an array's first and last elements' ends (what a
+    view with zero or negative strides reaches)."""
+    shape, strides = ndarray.shape.__get__(array), ndarray.strides.__get__(array)
+    if 0 in shape:
+        return 0
+    return ndarray.itemsize.__get__(array) + sum((extent - 1) * abs(stride) for extent, stride in zip(shape, strides))
 
 
 def _numpy(sizers: Sizers) -> None:
@@ -205,7 +288,7 @@ def _numpy(sizers: Sizers) -> None:
         address = id
     size = _arrays(np.ndarray, address)
     sizers.exact[np.ndarray] = size
-    sizers.bases.append((np.ndarray, size))
+    sizers.bases.append((np.ndarray, size, False))
     sizers.ignored.update((np.generic, np.dtype))
 
 
@@ -222,6 +305,8 @@ def _pandas(sizers: Sizers) -> None:
             got, _, at_least = array(v)
             buffers += got
             return at_least
+        if _library(type(v)) != "pandas":   # another library's extension array: its nbytes is its own code
+            return True
         inner = getattr(v, "_ndarray", None)   # NumPy-backed extension arrays: dates, categoricals, strings
         if type(inner) is ndarray:
             got, _, at_least = array(inner)
@@ -234,7 +319,7 @@ def _pandas(sizers: Sizers) -> None:
         return False
 
     def index(ix, buffers: list) -> bool:
-        if any(t in simple_index for t in type(ix).__mro__):
+        if any(t in simple_index for t in _mro(type(ix))):
             buffers.append((id(ix), int(ix.nbytes), True))
             return False
         return values(ix._data, buffers)
@@ -255,7 +340,7 @@ def _pandas(sizers: Sizers) -> None:
         buffers: list = []
         return buffers, "", index(ix, buffers)
 
-    sizers.bases += [(pd.DataFrame, frame), (pd.Series, series), (pd.Index, index_alone)]
+    sizers.bases += [(pd.DataFrame, frame, False), (pd.Series, series, False), (pd.Index, index_alone, False)]
 
 
 def _torch(sizers: Sizers) -> None:
@@ -264,6 +349,8 @@ def _torch(sizers: Sizers) -> None:
         return
 
     def buffer(t, buffers: list) -> str:
+        if t.device.type == "meta":   # shapes and types only: no storage
+            return "meta"
         storage = t.untyped_storage()
         n = int(storage.nbytes())
         if n:
@@ -297,7 +384,7 @@ def _torch(sizers: Sizers) -> None:
     exact = {torch.Tensor, torch.nn.Parameter, *((torch.nn.Buffer,) if hasattr(torch.nn, "Buffer") else ())}
     for kind in exact:
         sizers.exact[kind] = tensor
-    sizers.bases.append((torch.nn.Module, module))
+    sizers.bases.append((torch.nn.Module, module, True))   # the user's models: read from their tables only
     sizers.ignored.update((torch.device, torch.dtype))
 
 
@@ -315,7 +402,7 @@ def _jax(sizers: Sizers) -> None:
             f" +{len(devices) - 1}" if len(devices) > 1 else "")
         return [(id(a), int(a.nbytes), True)], device, False   # immutable: no views to share a buffer with
 
-    sizers.bases.append((jax.Array, array))
+    sizers.bases.append((jax.Array, array, False))
 
 
 def _cupy(sizers: Sizers) -> None:
@@ -323,7 +410,7 @@ def _cupy(sizers: Sizers) -> None:
     if cp is None or not hasattr(cp, "ndarray"):
         return
     size = _arrays(cp.ndarray, lambda a: a.data.ptr, lambda a: f"cuda:{a.device.id}")
-    sizers.bases.append((cp.ndarray, size))
+    sizers.bases.append((cp.ndarray, size, False))
 
 
 def _arrow(sizers: Sizers) -> None:
@@ -334,7 +421,7 @@ def _arrow(sizers: Sizers) -> None:
     def table(t):
         return [(id(t), int(t.get_total_buffer_size()), True)], "", False   # whole buffers: a slice keeps them
 
-    sizers.bases += [(kind, table) for kind in (pa.Table, pa.RecordBatch, pa.ChunkedArray, pa.Array)]
+    sizers.bases += [(kind, table, False) for kind in (pa.Table, pa.RecordBatch, pa.ChunkedArray, pa.Array)]
 
 
 # -- the survey --------------------------------------------------------------------------
@@ -358,15 +445,18 @@ class Namespace:
         """Size ``ns`` (a shell's user namespace, without the names in
         ``hidden`` and those starting with an underscore, as ``%who``
         lists it) and say what changed since the last survey."""
-        found, unsized = Sizers().sized(ns, hidden)
+        sizers = Sizers()
+        found, unsized = sizers.sized(ns, hidden)
         size: dict[int, int] = {}
         owner: dict[int, str] = {}
         direct: set[int] = set()
         # Each buffer is attributed to the first name that owns it, else to the first that reaches it.
-        for name, _, buffers, _, _, _ in found:
+        for name, _, buffers, device, _, _ in found:
             for key, n, owns in buffers:
                 if n <= 0:
                     continue
+                if n > MAX_BYTES and not device:
+                    n = MAX_BYTES
                 if key not in size:
                     size[key], owner[key] = n, name
                 elif n > size[key]:
@@ -400,11 +490,12 @@ class Namespace:
                         others.add(by)
             rows.append((name, kind, total, tuple(own), tuple(sorted(others)), device, at_least, ident))
         held = sum(size.values())
-        report = self._changes(rows, ns, size, owner, held, unsized) if self.valid else \
+        report = self._changes(rows, ns, size, owner, held, unsized) if self.valid and not sizers.left else \
             Variables(held, 0, len(rows), unsized, largest=_largest(rows))
         self._ident = {r[0]: r[7] for r in rows}
         self._kind = {r[0]: r[1] for r in rows}
-        self._owner, self._size, self._held, self.valid = owner, size, held, True
+        # Past the deadline, what changed is unknown: the next survey starts afresh.
+        self._owner, self._size, self._held, self.valid = owner, size, held, not sizers.left
         return report
 
     def _changes(self, rows, ns, size, owner, held, unsized) -> Variables:

@@ -30,11 +30,9 @@ import threading
 import time
 import weakref
 
-from ..launch import EXCLUDED, spawn
+from ..launch import EXCLUDED, Frames, frame, spawn, write_all
 
-_FRAME = struct.Struct("<cI")
 _PART = struct.Struct("<I")
-MAX_FRAME = 256 << 20         # plotly's bundle is ~5 MB; anything this large is a broken pipe
 START_TIMEOUT_S = 30.0        # the helper's imports, on a loaded machine
 CALL_TIMEOUT_S = 10.0
 # What the helper imports: found where this process finds them (nbmon.launch).
@@ -57,8 +55,7 @@ def pack(kind: bytes, head, buffers=()) -> bytes:
     for buffer in buffers:
         data = memoryview(buffer).cast("B")   # numpy's buffers count items, not bytes
         parts += [_PART.pack(data.nbytes), data]
-    payload = b"".join(parts)
-    return _FRAME.pack(kind, len(payload)) + payload
+    return frame(kind, b"".join(parts))
 
 
 def unpack(payload: bytes) -> tuple[object, list[bytes]]:
@@ -75,51 +72,13 @@ def unpack(payload: bytes) -> tuple[object, list[bytes]]:
     return head, buffers
 
 
-def write_all(fd: int, data: bytes, deadline: float | None = None) -> None:
-    """Write ``data`` whole; to a non-blocking ``fd`` by ``deadline``
-    (time.monotonic(); TimeoutError past it, the frame maybe cut)."""
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except BlockingIOError:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError from None
-            select.select([], [fd], [], left)
-
-
-class Reader:
+class Reader(Frames):
     """Frames from a pipe: :meth:`read` returns (kind, head, buffers), or
     None at its end (or at a frame no sender of ours would make)."""
 
-    def __init__(self, fd: int):
-        self.fd = fd
-        self._buffer = bytearray()
-
-    def buffered(self) -> bool:
-        """Whether a whole frame is here already (read() will not block)."""
-        if len(self._buffer) < _FRAME.size:
-            return False
-        return len(self._buffer) >= _FRAME.size + _FRAME.unpack_from(self._buffer)[1]
-
-    def read(self):
-        while True:
-            if len(self._buffer) >= _FRAME.size:
-                kind, size = _FRAME.unpack_from(self._buffer)
-                if size > MAX_FRAME:
-                    return None
-                if len(self._buffer) >= _FRAME.size + size:
-                    payload = bytes(self._buffer[_FRAME.size:_FRAME.size + size])
-                    del self._buffer[:_FRAME.size + size]
-                    return (kind, *unpack(payload))
-            try:
-                chunk = os.read(self.fd, 1 << 20)   # blocks without the GIL
-            except OSError:
-                return None
-            if not chunk:
-                return None
-            self._buffer += chunk
+    def read(self, deadline: float | None = None):
+        got = super().read(deadline)
+        return None if got is None else (got[0], *unpack(got[1]))
 
 
 class RemoteHost:
@@ -227,7 +186,7 @@ class RemoteHost:
     def _stuck(self, why: str) -> str:
         """The helper missed a deadline (stopped, stuck, swapped out): it
         is ended, and every later call says so at once; why, in words."""
-        self.gone = self.gone or f"{why}; nbmon ended it (%reload_ext nbmon starts another)"
+        self.gone = self.gone or f"{why}; nbmon ended it"
         try:
             self.proc.kill()   # stopped processes too
         except OSError:

@@ -12,13 +12,14 @@ frames through the same locked pipe. Widgets are the usual ones
 from __future__ import annotations
 
 import os
+import queue
 import select
 import signal
 import sys
 import threading
 
-from ..launch import StartError
-from .remote import CALLS, NOTES, Reader, pack, write_all
+from ..launch import StartError, write_all
+from .remote import CALLS, NOTES, Reader, pack
 
 PARENT_CHECK_S = 1.0
 
@@ -35,17 +36,61 @@ class Pipe:
             write_all(self.fd, data)
 
 
-class Outlet:
-    """What the host sends on its own: outputs shown or updated by display id, lines for the running cell."""
+class Lines:
+    """Lines sent on a thread of their own, started at need: whoever says
+    one (the consumers' thread, which writes the black box, for a memory
+    warning) never waits for the kernel to read it (its pipe full while a C
+    call holds its GIL). At most :data:`KEPT` lines wait, later ones are
+    dropped; the thread ends once :data:`IDLE_S` pass without one."""
+
+    KEPT = 8
+    IDLE_S = 1.0
 
     def __init__(self, pipe: Pipe):
         self.pipe = pipe
+        self._lines: queue.Queue[str] = queue.Queue(self.KEPT)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def put(self, text: str) -> None:
+        try:
+            self._lines.put_nowait(text)
+        except queue.Full:
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="nbmon-lines", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                text = self._lines.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._lines.empty():   # else a line came meanwhile: this thread takes it
+                        self._thread = None
+                        return
+                continue
+            try:
+                self.pipe.send(b"P", {"text": text})
+            except OSError:   # the kernel is gone, and whom the line was for
+                pass
+
+
+class Outlet:
+    """What the host sends on its own: outputs shown or updated by display id,
+    lines for the running cell (:class:`Lines`)."""
+
+    def __init__(self, pipe: Pipe):
+        self.pipe = pipe
+        self.lines = Lines(pipe)
 
     def update(self, display_id: str, bundle: dict) -> None:
         self.pipe.send(b"U", {"display_id": display_id, "bundle": bundle})
 
     def say(self, text: str) -> None:
-        self.pipe.send(b"P", {"text": text})
+        self.lines.put(text)
 
     def show(self, display_id: str, bundle: dict) -> None:
         self.pipe.send(b"D", {"display_id": display_id, "bundle": bundle})

@@ -97,6 +97,11 @@ class Session:
         host = self.host
         if host is None:
             self.connect(kernel=self.kernel, backend=backend or DEFAULT_BACKEND)
+        elif getattr(host, "gone", None):   # its helper ended (killed, out of memory) or was ended (stuck)
+            why = host.gone
+            self.close()
+            self.host = self._new_host(backend or "process")
+            self.outlet.say(f"nbmon: {why}; a new helper process watches from here (what the old one held is gone)")
         elif backend is not None and (backend == "process") != self.remote and not host.info()["running"]:
             self.close()
             self.host = self._new_host(backend)
@@ -202,6 +207,23 @@ def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = F
     return handle
 
 
+def _asked(method: str, default):
+    """The host's answer to ``method()``: ``default`` before any host, or,
+    said in one line, when its helper cannot answer (ended, stuck)."""
+    host = SESSION.host
+    if host is None:
+        return default
+    if not SESSION.remote:
+        return getattr(host, method)()
+    from .remote import HostError
+
+    try:
+        return getattr(host, method)()
+    except HostError as err:
+        SESSION.outlet.say(f"nbmon: {err}")
+        return default
+
+
 def history(workers: bool = False):
     """pandas DataFrame, one row per monitored cell (the last 10,000): execution_count, label,
     start_time (UTC), duration_sec, status ('ok', 'failed', 'interrupted'),
@@ -215,7 +237,7 @@ def history(workers: bool = False):
 
         frame = dask.history()
     else:
-        rows = SESSION.host.history() if SESSION.host is not None else []
+        rows = _asked("history", [])
         records = []
         for row in rows:
             record = CellRecord(row["execution_count"], row["label"], row["start_time"], row["t_open"], row["status"])
@@ -238,12 +260,12 @@ def samples(workers: bool = False):
 
     from ..report.records import samples_frame
 
-    got = SESSION.host.samples() if SESSION.host is not None else {"columns": []}
+    got = _asked("samples", {"columns": []})
     t, wall, *values = (np.frombuffer(b, dtype=np.float64) for b in got.get("buffers") or [b"", b""])
     return samples_frame(t, wall, dict(zip(got["columns"], values)))
 
 
 def last_summary() -> ResourceSummary | None:
     """The ResourceSummary of the last monitored cell (None before any)."""
-    got = SESSION.host.last_summary() if SESSION.host is not None else None
+    got = _asked("last_summary", None)
     return ResourceSummary.from_dict(got) if got is not None else None

@@ -28,7 +28,6 @@ import math
 import os
 import select
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -37,12 +36,11 @@ import time
 import numpy as np
 
 from .faults import FaultLog
-from ..launch import EXCLUDED, spawn
+from ..launch import EXCLUDED, Frames, frame, spawn, write_all
 from ..options import Options
 from .sampler import STOP_GRACE_S, Sampler
 from ..sources import gpus
 
-_FRAME = struct.Struct("<cI")
 START_TIMEOUT_S = 5.0
 FLUSH_EVERY_S = 0.25  # the helper sends what it sampled at least this often
 
@@ -50,10 +48,7 @@ FLUSH_EVERY_S = 0.25  # the helper sends what it sampled at least this often
 # -- the helper process ------------------------------------------------------
 
 def _write(kind: bytes, payload: bytes) -> None:
-    data = _FRAME.pack(kind, len(payload)) + payload
-    view = memoryview(data)
-    while view:
-        view = view[os.write(1, view):]
+    write_all(1, frame(kind, payload))
 
 
 def helper_main(argv: list[str]) -> int:
@@ -146,7 +141,7 @@ class ProcessSampler:
         self.faults = FaultLog()
         self.proc: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
-        self._buffer = b""
+        self._frames: Frames | None = None
         self._next_tag = 0
         self._answered = 0
         self._answer = threading.Condition()
@@ -162,6 +157,7 @@ class ProcessSampler:
         self.proc = spawn("nbmon.sampling.process:helper_main", [str(self.pid), str(os.getpid()), self.options.to_json()],
                           HELPER_IMPORTS + gpus.imports())
         EXCLUDED.add(self.proc.pid)  # nbmon's own: no monitor of this process counts it
+        self._frames = Frames(self.proc.stdout.fileno())
         try:
             fd = self.proc.stdout.fileno()
             try:  # minutes of samples fit while the kernel holds the GIL
@@ -181,22 +177,11 @@ class ProcessSampler:
             raise
 
     def _read_message(self, deadline: float | None):
-        fd = self.proc.stdout.fileno()
-        while True:
-            if len(self._buffer) >= _FRAME.size:
-                kind, size = _FRAME.unpack_from(self._buffer)
-                if len(self._buffer) >= _FRAME.size + size:
-                    payload = self._buffer[_FRAME.size:_FRAME.size + size]
-                    self._buffer = self._buffer[_FRAME.size + size:]
-                    return kind, payload
-            if deadline is not None:
-                ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-                if not ready:
-                    raise RuntimeError(f"the sampler process did not start within {START_TIMEOUT_S:g} s")
-            chunk = os.read(fd, 65536)  # blocks without the GIL: the helper keeps its rhythm
-            if not chunk:
-                return None, b""
-            self._buffer += chunk
+        try:
+            got = self._frames.read(deadline)   # blocks without the GIL: the helper keeps its rhythm
+        except TimeoutError:
+            raise RuntimeError(f"the sampler process did not start within {START_TIMEOUT_S:g} s") from None
+        return got if got is not None else (None, b"")
 
     def launch(self) -> None:
         thread = threading.Thread(target=self._run, name=self.name, daemon=True)

@@ -15,7 +15,7 @@ from ...values import NAN
 from ..procfs import CHILDREN_SIZE, EXCLUDED, GONE, ProcFile, read_path, read_path_released
 from .memory import (FAULT_KB_PER_S, SHARED_MOVE_MB, UNMAP_SLACK_KB, WALK_NOW_KB, Interval, Status, Walker, parse_status,
                      rollup_kb, take)
-from .peaks import PeakMark
+from .peaks import PeakMark, sweep_at_next_open
 
 LOGICAL_CPUS = os.cpu_count() or 1
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -247,6 +247,7 @@ class ProcBackend:
         """Join the shared high-water marks when asked to reset them ("reset",
         or, when they cannot be had, the marks read as they are)."""
         if reset:
+            sweep_at_next_open()
             mark = PeakMark(self.tree.pid)
             self._reset = mark.open()
             if self._reset:

@@ -27,7 +27,8 @@ turns exact peaks off for that process with a reason in words
 (:attr:`PeakMark.error`), never a hang, an exception or a signal. Boards
 are named by the target's pid *and* start time (a reused pid never shares a
 dead process's board), removed by their last reader, at interpreter exit,
-and swept when their process is gone.
+and swept when their process is gone (by the first mark a monitor opens
+as it starts, and at most once a minute by any other).
 
 A mark's three descriptors (clear_refs, status, its board) count against
 the fd budget of :mod:`.procfs`, as the tree's own files do: beyond it a
@@ -101,6 +102,12 @@ def sweep(directory: str) -> int:
         except OSError:
             pass
     return removed
+
+
+def sweep_at_next_open() -> None:
+    """The next mark opened sweeps first, however recent the last sweep: a
+    monitor starts (a tree killed with its readers left their boards)."""
+    _swept_at[0] = -SWEEP_EVERY_S
 
 
 class PeakMark:
