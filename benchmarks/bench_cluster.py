@@ -222,7 +222,7 @@ def measure(spec: str, seconds: float, scheduler_cpus=None) -> dict:
     import numpy as np
 
     from nbmon.dask.client import Watch
-    from nbmon.notebook.cluster import ClusterView
+    from nbmon.views.cluster import ClusterView
     from nbmon.options import Options
 
     count_tcp_writes()

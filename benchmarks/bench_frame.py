@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nbmon.notebook.frames import build_frame, frame_bytes  # noqa: E402
+from nbmon.views.frames import build_frame, frame_bytes  # noqa: E402
 from nbmon.options import DEFAULT_MAX_BYTES  # noqa: E402
 from nbmon.sampling.store import Store  # noqa: E402
 
@@ -98,7 +98,7 @@ def bench_refresh(builds: int) -> None:
     from comm.base_comm import BaseComm
 
     from nbmon.engine import Monitor
-    from nbmon.notebook.dashboard import Dashboard
+    from nbmon.views.dashboard import Dashboard
 
     class CountingComm(BaseComm):
         def __init__(self, **kwargs):

@@ -1,5 +1,5 @@
 """What sizing the variables costs a cell (issue 35): the kernel's own work at
-a cell's end (:meth:`nbmon.notebook.namespace.CellSizes.cell_ended`: the
+a cell's end (:meth:`nbmon.kernel.namespace.CellSizes.cell_ended`: the
 survey of the namespace and its report as plain data), in a real IPython
 shell's namespace of 10, 100 and 1,000 names, each cell replacing one
 array (what a cell typically does). Two sets of libraries imported: NumPy
@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import results_file  # noqa: E402  (benchmarks/, the script's own folder)
 
-from nbmon.notebook.namespace import CellSizes  # noqa: E402
+from nbmon.kernel.namespace import CellSizes  # noqa: E402
 
 NAMES = (10, 100, 1000)
 

@@ -554,7 +554,7 @@ def startup_figures(rounds: int) -> dict:
     resmon = []
     code = ("import time\nfrom IPython.core.interactiveshell import InteractiveShell\n"
             "ip = InteractiveShell.instance()\n"
-            "ip.run_line_magic('load_ext', 'nbmon')\nimport nbmon.notebook.session as s\n"
+            "ip.run_line_magic('load_ext', 'nbmon')\nimport nbmon.kernel.session as s\n"
             "t0 = time.perf_counter()\nimport io, contextlib\n"
             "with contextlib.redirect_stdout(io.StringIO()): ip.run_line_magic('resmon', '')\n"
             "t1 = time.perf_counter()\nwhile s.SESSION.monitor.store.seq == 0: time.sleep(0.001)\n"

@@ -32,10 +32,10 @@ _LAZY = {
     "CallbackSender": "sinks.senders",
     "open_sink": "sinks.senders",
     "NVMLProfiler": "compat.calibrax",
-    "monitor": "notebook.session",
-    "history": "notebook.session",
-    "samples": "notebook.session",
-    "last_summary": "notebook.session",
+    "monitor": "kernel.session",
+    "history": "kernel.session",
+    "samples": "kernel.session",
+    "last_summary": "kernel.session",
     "read_ranks": "cli.ranks",
     "last_death": "postmortem.deaths",
 }
@@ -93,7 +93,7 @@ def load_ipython_extension(ipython) -> None:
         ipython.register_magic_function(resmon, "line_cell", "resmon")
         print(line, file=sys.stderr, flush=True)
         return
-    from .notebook.magics import load
+    from .kernel.magics import load
 
     load(ipython)
 
@@ -102,6 +102,6 @@ def unload_ipython_extension(ipython) -> None:
     """``%unload_ext nbmon``: stops monitoring and removes the hooks."""
     if _lacking():   # never loaded
         return
-    from .notebook.magics import unload
+    from .kernel.magics import unload
 
     unload(ipython)

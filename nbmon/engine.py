@@ -20,13 +20,12 @@ from . import catalog
 from .sinks.consumers import ConsumerThread, as_consumer
 from .sampling.faults import FaultLog
 from .format import one_line
-from .launch import StartError, check_room
+from .launch import StartError, check_room, resident_mb
 from .options import Options, check_pid
 from .sampling.sampler import STOP_GRACE_S, Sampler, Sampling
 from .sources import Sources
 from .sources.machine import Machine
 from .sources.tree import ProcessTree
-from .sources.tree.memory import resident_mb
 from .sampling.store import Store, Window
 from .report.summary import ResourceSummary, summarize
 

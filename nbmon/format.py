@@ -1,5 +1,5 @@
 """Numbers with units, as text for humans: the one set of rules behind every
-figure nbmon shows. nbmon/notebook/js/format.js is the same rules for the cell meter, and
+figure nbmon shows. nbmon/views/js/format.js is the same rules for the cell meter, and
 tests/format_cases.json is the table of cases both are checked against, so
 the live meter and the static record that replaces it always agree.
 

@@ -1,8 +1,9 @@
 """Starting nbmon's helper processes -- the sampler process
 (:mod:`nbmon.sampling.process`) and the notebook's session host
-(:mod:`nbmon.notebook.serve`) --, the frames both speak on their pipes
-(:func:`frame`, :class:`Frames`), and whether this process has room to
-start anything of nbmon's at all (:func:`check_room`, :class:`StartError`).
+(:mod:`nbmon.helper.serve`) --, the frames both speak on their pipes
+(:func:`frame`, :class:`Frames`), and what this process has: whether it has
+room to start anything of nbmon's at all (:func:`check_room`,
+:class:`StartError`), its resident memory (:func:`resident_mb`).
 
 A helper starts isolated (-I: no current directory, PYTHONPATH or user
 site-packages on sys.path; cwd /), so that a notebook opened in a shared
@@ -149,6 +150,23 @@ class Frames:
             if not chunk:
                 return None
             self._buffer += chunk
+
+
+PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def resident_mb(pid: int | str = "self") -> float:
+    """A process's resident set (``/proc/<pid>/statm``: microseconds, cheap
+    enough for every cell's start, and no import of nbmon's sources in a
+    kernel), NaN where unreadable."""
+    try:
+        fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return int(os.read(fd, 256).split()[1]) * PAGE_MB
+        finally:
+            os.close(fd)
+    except (OSError, IndexError, ValueError):
+        return float("nan")
 
 
 def free_fds() -> tuple[int, int]:

@@ -146,7 +146,7 @@ class Options:
     reaches this share of its limit (without a limit: when the machine's
     used memory does); None: never (:mod:`nbmon.postmortem.memwarn`). ``variables``:
     in a notebook, the kernel sizes its variables at each cell's end, for
-    the cell's record and the black box (:mod:`nbmon.notebook.namespace`).
+    the cell's record and the black box (:mod:`nbmon.kernel.namespace`).
     """
 
     interval: float = option(DEFAULT_INTERVAL_S, check_interval, Flag(

@@ -94,7 +94,7 @@ def fake_gpu(fake_nvml_lib, tmp_path, monkeypatch):
 def session():
     """The notebook's session outside a shell (``nbmon.monitor()`` from a
     script); closed afterwards, its helper process and relay thread gone."""
-    from nbmon.notebook.session import SESSION
+    from nbmon.kernel.session import SESSION
 
     yield SESSION
     SESSION.close()
@@ -119,7 +119,7 @@ def ip(ipython):
     ipython.display_formatter.active_types = list(ipython.display_formatter.format_types)
     with capture_output():
         ipython.run_line_magic("load_ext", "nbmon")
-    from nbmon.notebook.session import SESSION
+    from nbmon.kernel.session import SESSION
 
     # The helper imports the meter's widgets in the background: let it finish,
     # so that the tests' snapshots of its threads start from its steady state.

@@ -372,7 +372,7 @@ class RecordingComm(BaseComm):
 
 
 class FrontEnd:
-    """What the front end holds of a cluster view (nbmon/notebook/js/dashboard/
+    """What the front end holds of a cluster view (nbmon/views/js/dashboard/
     live.js: declare and message): each stream's points, read from the frames the view sent
     through its widget's comm, the title of the last, and the streams and
     layout patch of the widget's state."""

@@ -69,4 +69,6 @@ class RealKernel:
 
     def close(self) -> None:
         self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
+        # As a user's kernel ends (jupyter_client kills it only if it does not):
+        # killed, it would leave its black box, and the next kernel a post-mortem.
+        self.km.shutdown_kernel(now=False)

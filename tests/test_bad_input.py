@@ -29,11 +29,11 @@ from IPython.utils.capture import capture_output
 
 import nbmon
 import nbmon.engine
-import nbmon.notebook.magics
+import nbmon.kernel.magics
 import nbmon.sources.gpus.nvml
 from helpers import StubSource, gone_pid, wait_until
 from nbmon import AbstractBackendSender, Monitor, ResourceMonitor, ResourceSummary, SystemMonitor, catalog
-from nbmon.notebook.session import SESSION
+from nbmon.kernel.session import SESSION
 from test_cli import NBMON
 from test_nvml import DEV_A, DEV_B
 
@@ -117,7 +117,7 @@ MAGIC_CASES = [
 
 def notebook(ip) -> dict:
     """world() plus the notebook's own state: history, monitor, hooks, namespace."""
-    magics = nbmon.notebook.magics._loaded[id(ip)]
+    magics = nbmon.kernel.magics._loaded[id(ip)]
     host = SESSION.host.info()   # the session's host, in its helper process: its monitor, views and threads
     return world() | {
         "history": len(nbmon.history()),

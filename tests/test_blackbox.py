@@ -26,7 +26,7 @@ from nbmon.postmortem import blackbox
 from nbmon.postmortem import deaths
 from nbmon.engine import Monitor
 from nbmon.postmortem.memwarn import MemoryWatch
-from nbmon.notebook.meter import Meter, MeterFeed
+from nbmon.views.meter import Meter, MeterFeed
 from nbmon.options import Options
 from test_postmortem import without_swap
 
@@ -37,7 +37,7 @@ MIB = 1 << 20
 # for a moment in its first second, then waits to be killed.
 KERNEL = """
     import os, sys, time
-    from nbmon.notebook.host import SessionHost
+    from nbmon.helper.host import SessionHost
     class Nowhere:
         update = say = staticmethod(lambda *args: None)
     host = SessionHost(os.getpid(), Nowhere(), kernel=False)
@@ -102,7 +102,7 @@ def test_a_dead_kernels_box_has_its_cell_and_its_peak(boxes):
 
 def test_a_monitor_that_stops_removes_its_box(boxes):
     from nbmon.postmortem.blackbox import CellNote
-    from nbmon.notebook.host import watch_kernel
+    from nbmon.helper.host import watch_kernel
 
     monitor = Monitor(interval=0.05, gpu=False)
     watch_kernel(monitor, CellNote())
@@ -166,8 +166,8 @@ def test_the_box_keeps_its_records_while_the_kernel_reads_nothing(boxes):
     """A memory warning comes while the kernel reads nothing from the helper
     (its pipe full): the box, written on the same thread as the warning is
     said from, keeps its one-second records all the same."""
-    from nbmon.notebook.host import watch_kernel
-    from nbmon.notebook.serve import Outlet, Pipe
+    from nbmon.helper.host import watch_kernel
+    from nbmon.helper.serve import Outlet, Pipe
     from nbmon.postmortem.blackbox import CellNote
 
     read_end, write_end = full_pipe()
@@ -199,7 +199,7 @@ BEYOND_THE_BUDGET = """
     from nbmon.postmortem import blackbox
     from nbmon.engine import Monitor
     from nbmon.postmortem.blackbox import CellNote
-    from nbmon.notebook.host import watch_kernel
+    from nbmon.helper.host import watch_kernel
     from nbmon.sources.procfs import BUDGET, fd_budget
     def boxes_open():
         held = 0
@@ -239,7 +239,7 @@ def test_a_box_closed_at_exit_stays_closed_while_the_sampler_runs_on(boxes):
     # stops them; a consume() after the exit hook must not open a new box,
     # which no one would remove (the next kernel would read a normal exit as a death).
     from nbmon.postmortem.blackbox import CellNote
-    from nbmon.notebook.host import watch_kernel
+    from nbmon.helper.host import watch_kernel
 
     monitor = Monitor(interval=0.05, gpu=False)
     watch_kernel(monitor, CellNote())
@@ -460,7 +460,7 @@ def test_an_unsafe_directory_is_one_sentence(boxes, tmp_path):
     assert cli.stderr.count("\n") == 1 and "symbolic link" in cli.stderr
     # A monitor runs on without a box: one fault, said in %resmon status.
     from nbmon.postmortem.blackbox import CellNote
-    from nbmon.notebook.host import watch_kernel
+    from nbmon.helper.host import watch_kernel
 
     monitor = Monitor(interval=0.05, gpu=False)
     watch_kernel(monitor, CellNote())
@@ -476,7 +476,7 @@ def test_load_ext_shows_the_death_once_and_never_raises_on_bad_boxes(boxes, ipyt
     dead_kernel(boxes)
     (boxes / "3-3-00000000.box").write_bytes(os.urandom(4000))
     (boxes / "3-3-00000000.box").chmod(0o600)
-    from nbmon.notebook import magics
+    from nbmon.kernel import magics
 
     saved = list(ipython.display_formatter.active_types)
     ipython.display_formatter.active_types = list(ipython.display_formatter.format_types)  # as in a kernel

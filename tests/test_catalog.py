@@ -12,7 +12,7 @@ import pytest
 from helpers import wait_until
 from nbmon import catalog
 from nbmon.engine import Monitor
-from nbmon.notebook import charts
+from nbmon.views import charts
 from nbmon.sinks.senders import CSVSender
 from nbmon.sources.gpus import nvml
 from nbmon.sources.gpus import GPUs
@@ -127,7 +127,7 @@ def test_a_metric_added_to_the_catalog_reaches_samples_csv_and_chart(fake_gpu, m
     assert len(hotspot) == 1 and hotspot[0].label == "GPU 0 hotspot temperature" and hotspot[0].unit == "°C"
     assert rows_shown[hotspot[0].row - 1].key == "gpu_util"
 
-    from nbmon.notebook.dashboard import Dashboard
+    from nbmon.views.dashboard import Dashboard
 
     dashboard = Dashboard(monitor, start=False)
     assert "gpu0_hotspot_c" in [trace.meta for trace in dashboard.widget.data]
@@ -150,8 +150,8 @@ def test_a_tree_metric_added_at_run_time_reaches_every_consumer(monkeypatch, tmp
     from distributed import Client, LocalCluster
 
     import nbmon.dask
-    from nbmon.notebook.host import SessionHost
-    from nbmon.notebook.session import Outlet
+    from nbmon.helper.host import SessionHost
+    from nbmon.kernel.session import Outlet
     from nbmon.sinks.senders import JSONLinesSender
     from nbmon.report.summary import ResourceSummary
     from nbmon.report.records import history_frame, samples_frame

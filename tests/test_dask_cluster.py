@@ -28,8 +28,8 @@ from nbmon.dask.wire import Encoder, pack, seal
 from nbmon.dask.worker import MAX_EVENTS_PER_S, MAX_PERIOD_S, host_period_s, roster_name
 from nbmon.engine import Monitor
 from nbmon.sources.tree import ProcessTree
-from nbmon.notebook.cluster import BANDS, COMPACT_AT, ClusterView, held
-from nbmon.notebook.frames import MAX_FRAME_BYTES
+from nbmon.views.cluster import BANDS, COMPACT_AT, ClusterView, held
+from nbmon.views.frames import MAX_FRAME_BYTES
 from nbmon.options import Options
 from nbmon.report.records import CellRecord
 

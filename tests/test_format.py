@@ -1,6 +1,6 @@
 """nbmon.format: the one set of rules for numbers shown to humans. The cases
-are tests/format_cases.json, which nbmon/notebook/js/test/format.test.mjs
-checks against nbmon/notebook/js/format.js too, so the live meter and the
+are tests/format_cases.json, which nbmon/views/js/test/format.test.mjs
+checks against nbmon/views/js/format.js too, so the live meter and the
 static record agree."""
 from __future__ import annotations
 

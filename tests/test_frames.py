@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from nbmon.notebook.frames import MAX_FRAME_BYTES, build_frame, frame_bytes, minmax_indices
+from nbmon.views.frames import MAX_FRAME_BYTES, build_frame, frame_bytes, minmax_indices
 from nbmon.sampling.store import Store
 
 COLUMNS = ("proc_cpu_percent", "sys_cpu_percent", "proc_rss_mb", "sys_mem_used_mb")

@@ -1,4 +1,4 @@
-"""nbmon/notebook/frontend.py: the widgets' ES modules joined into the one
+"""nbmon/views/frontend.py: the widgets' ES modules joined into the one
 text anywidget loads, and what it refuses to join."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from nbmon.notebook import frontend, live
+from nbmon.views import frontend, live
 
 
 def write(root, files):

@@ -49,7 +49,7 @@ def test_a_package_planted_in_the_kernels_directory_never_runs_in_the_helper(
     starts from there) and starts ``%resmon``."""
     from IPython.utils.capture import capture_output
 
-    from nbmon.notebook.session import SESSION
+    from nbmon.kernel.session import SESSION
 
     project, marker = os.path.join(shared_dir, "project"), os.path.join(shared_dir, "ran")
     other_user.python(PLANT, project, package, marker)
@@ -90,7 +90,7 @@ def test_modules_planted_in_the_current_directory_never_run_in_the_helper(tmp_pa
     for name in ("pynvml", "uuid"):
         (project / f"{name}.py").write_text(MARK)
     env = dict(os.environ, NBMON_TEST_MARK=str(tmp_path / "mark"))
-    session = ("import json, nbmon\nfrom nbmon.notebook.session import SESSION\n"
+    session = ("import json, nbmon\nfrom nbmon.kernel.session import SESSION\n"
                "nbmon.monitor(interval=0.05, gpu=False)\n"
                "print(json.dumps({'remote': SESSION.remote, 'helper': SESSION.host.pid, 'info': SESSION.host.info()}))\n"
                "SESSION.close()")
@@ -268,7 +268,7 @@ def test_force_over_a_file_the_other_user_planted_writes_nothing_into_theirs(
 @pytest.mark.parametrize("sender", ["CSVSender", "JSONLinesSender"])
 def test_senders_and_pages_replace_a_planted_link_never_its_target(tmp_path, other_user, shared_dir, sender):
     from nbmon.sinks import senders
-    from nbmon.notebook.dashboard import write_html
+    from nbmon.views.dashboard import write_html
 
     precious = precious_file(tmp_path)
     links = {name: os.path.join(shared_dir, name) for name in ("stream", "page.html", "default.html")}
@@ -424,8 +424,8 @@ def vm_rss_mb() -> float:
 
 
 def test_20000_cells_keep_the_history_bounded():
-    from nbmon.notebook import host as hosting
-    from nbmon.notebook.session import Outlet
+    from nbmon.helper import host as hosting
+    from nbmon.kernel.session import Outlet
 
     s = hosting.SessionHost(os.getpid(), Outlet(), kernel=False)   # the session's host, here in this process
     s.start({"interval": 1.0, "gpu": False, "system": False, "children": False,
@@ -599,7 +599,7 @@ def test_a_private_directory_the_other_user_made_first_is_passed_over_or_said(ot
     from distributed import Client, LocalCluster
 
     import nbmon.dask
-    from nbmon.notebook.cluster import ClusterView
+    from nbmon.views.cluster import ClusterView
 
     home = tmp_path / "home"
     home.mkdir()

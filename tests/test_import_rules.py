@@ -40,12 +40,16 @@ LAYERS = (
     "engine",
     "dask.wire", "dask.feeds", "dask.worker", "dask.client", "dask",
     "compat.calibrax", "compat.scaffold", "compat",
-    "notebook.frontend", "notebook.namespace", "notebook.frames", "notebook.charts", "notebook.live", "notebook.pages", "notebook.meter",
-    "notebook.dashboard", "notebook.cluster", "notebook.host", "notebook.remote", "notebook.serve",
-    "notebook.session", "notebook.magics", "notebook",
+    "views.frontend", "views.frames", "views.charts", "views.live", "views.pages", "views.meter",
+    "views.dashboard", "views.cluster", "views",
+    "helper.protocol", "helper.host", "helper.serve", "helper",
+    "kernel.namespace", "kernel.remote", "kernel.session", "kernel.magics", "kernel",
     "cli.ranks", "cli.demo", "cli", "cli.__main__",
 )
-PACKAGES = ("sources", "sampling", "report", "sinks", "postmortem", "dask", "compat", "notebook", "cli")
+PACKAGES = ("sources", "sampling", "report", "sinks", "postmortem", "dask", "compat", "views", "helper", "kernel",
+            "cli")
+# The notebook's packages, outer layers that never import compat/ (nor it them).
+NOTEBOOK = ("views", "helper", "kernel")
 # The vocabulary every layer speaks, loose at nbmon's top with the engine.
 VOCABULARY = {"values", "catalog", "options", "format", "private", "launch"}
 SOURCES = {m for m in LAYERS if m.startswith("sources")}
@@ -58,8 +62,8 @@ PACKAGE_MAY_IMPORT = {
     "report": VOCABULARY | SAMPLING,
     "sinks": VOCABULARY | SAMPLING | REPORT,
     "postmortem": VOCABULARY | SOURCES | REPORT,
-    "notebook": None,   # anything before it in LAYERS but compat
-    "compat": None,     # anything before it in LAYERS but notebook
+    **dict.fromkeys(NOTEBOOK),   # anything before it in LAYERS but compat
+    "compat": None,              # anything before it in LAYERS but the notebook's packages
 }
 # At most this many modules loose at nbmon's top (its __init__ included).
 MAX_LOOSE = 8
@@ -179,7 +183,7 @@ def test_the_checker_sees_imports():
     targets = {i.target for i in ALL_IMPORTS["engine"]}
     assert {"nbmon.sources", "nbmon.sampling.sampler", "nbmon.sampling.store", "threading"} <= targets
     assert any(i.target == "pynvml" and i.in_function for i in ALL_IMPORTS["sources.gpus.nvml"])
-    assert any(i.target == "nbmon.notebook.magics" and i.in_function for i in ALL_IMPORTS["__init__"])
+    assert any(i.target == "nbmon.kernel.magics" and i.in_function for i in ALL_IMPORTS["__init__"])
     assert "nbmon.catalog" in {i.target for i in ALL_IMPORTS["sources.tree"]}
 
 
@@ -195,8 +199,8 @@ def own_module(target: str) -> str | None:
 
 
 # library -> the modules (or packages) that may import it
-OWNERS = {"IPython": ("notebook.magics",),
-          "plotly": ("notebook.live", "notebook.pages", "notebook.dashboard", "notebook.cluster"),
+OWNERS = {"IPython": ("kernel.magics",),
+          "plotly": ("views.live", "views.pages", "views.dashboard", "views.cluster"),
           "pynvml": ("sources.gpus.nvml",), "distributed": ("dask",)}
 
 
@@ -236,8 +240,8 @@ def test_layer_order(module):
 
 @pytest.mark.parametrize("package", sorted(PACKAGE_MAY_IMPORT))
 def test_packages_stay_in_their_lane(package):
-    """sources/ reads the machine and needs no engine; notebook/ and compat/
-    are outer layers that never import each other."""
+    """sources/ reads the machine and needs no engine; the notebook's
+    packages and compat/ are outer layers that never import each other."""
     allowed = PACKAGE_MAY_IMPORT[package]
     offenders = []
     for module, imps in ALL_IMPORTS.items():
@@ -247,9 +251,9 @@ def test_packages_stay_in_their_lane(package):
             target = own_module(imp.target)
             if target is None or target == package or target.startswith(package + "."):
                 continue
-            other = {"notebook": "compat", "compat": "notebook"}.get(package)
+            others = NOTEBOOK if package == "compat" else ("compat",) if package in NOTEBOOK else ()
             if (allowed is not None and target not in allowed) or \
-                    (other is not None and (target == other or target.startswith(other + "."))):
+                    any(target == other or target.startswith(other + ".") for other in others):
                 offenders.append(imp)
     assert offenders == []
 

@@ -14,9 +14,9 @@ from browser_util import legend, png_pixels, row, summary_rows
 from helpers import RecordingComm, wait_until
 from nbmon.format import fmt
 from nbmon.engine import Monitor
-from nbmon.notebook import charts
-from nbmon.notebook.dashboard import MARGIN_PX, THREAD_NAME, Dashboard
-from nbmon.notebook.frames import frame_bytes
+from nbmon.views import charts
+from nbmon.views.dashboard import MARGIN_PX, THREAD_NAME, Dashboard
+from nbmon.views.frames import frame_bytes
 from nbmon.sources.cgroup import Cgroup
 
 POLL_S = 10.0  # upper bound of every wait below; they normally end in milliseconds
@@ -180,7 +180,7 @@ def comms(monitor, monkeypatch):
     it), in a process that has not sent plotly's bundle yet."""
     import comm
 
-    from nbmon.notebook import live
+    from nbmon.views import live
 
     opened: list[RecordingComm] = []
 
@@ -198,7 +198,7 @@ def bundles(opened: list[RecordingComm]) -> list[bytes]:
 
 
 def test_plotly_bundle_goes_ahead_of_the_view_once_on_a_model_closed_at_once(comms, monitor, dashboards):
-    from nbmon.notebook.live import push_bundle
+    from nbmon.views.live import push_bundle
 
     assert push_bundle() is True
     ((bundle,),) = [bundles(comms)]
@@ -214,7 +214,7 @@ def test_plotly_bundle_goes_ahead_of_the_view_once_on_a_model_closed_at_once(com
 
 
 def test_a_bundle_that_could_not_go_ahead_comes_with_the_first_view(comms, monitor, dashboards, monkeypatch):
-    from nbmon.notebook import live
+    from nbmon.views import live
 
     found = live.plotly_bundle
     monkeypatch.setattr(live, "plotly_bundle", lambda: ("0", live.pathlib.Path("/nonexistent/widgetbundle.js")))
@@ -245,7 +245,7 @@ def test_cells_are_sent_as_bands_once_and_again_when_they_end(stopped, dashboard
 
 
 def test_cells_that_ended_before_the_window_are_neither_sent_nor_kept(stopped, dashboards):
-    from nbmon.notebook.dashboard import MAX_CELLS, keep_cells
+    from nbmon.views.dashboard import MAX_CELLS, keep_cells
 
     t = stopped.store.latest()["t"]
     cells = [{"id": "old", "n": 1, "label": "", "t0": t - 100.0, "t1": t - 50.0},
@@ -262,7 +262,7 @@ def test_cells_that_ended_before_the_window_are_neither_sent_nor_kept(stopped, d
 
 
 def test_plotly_events_go_to_the_kernel_only_once_the_users_code_asks(stopped, dashboards, monkeypatch):
-    from nbmon.notebook import live
+    from nbmon.views import live
 
     monkeypatch.setattr(live, "EVENTS_EVERY_S", 0.0)   # looked for at every refresh (else every 2 s)
     d = Dashboard(stopped, start=False)
@@ -279,7 +279,7 @@ def test_plotly_events_go_to_the_kernel_only_once_the_users_code_asks(stopped, d
 
 
 def test_a_record_is_resent_at_most_every_few_seconds_however_many_cells_end(monitor, dashboards):
-    from nbmon.notebook import live
+    from nbmon.views import live
 
     class Handle:
         def __init__(self):
@@ -433,7 +433,7 @@ KEPT_EVERYWHERE = {"div", "b", "table", "tr", "td"}
 
 
 def test_record_html_is_plain_html_the_live_chart_mounts_into(stopped, dashboards):
-    from nbmon.notebook.dashboard import record_html
+    from nbmon.views.dashboard import record_html
 
     html = record_html(stopped)
     assert html.startswith('<div class="nbmon-live-record">')
@@ -451,7 +451,7 @@ def test_record_html_is_plain_html_the_live_chart_mounts_into(stopped, dashboard
 
 
 def test_record_table_and_timeline_give_the_same_figures(stopped):
-    from nbmon.notebook.dashboard import record
+    from nbmon.views.dashboard import record
 
     shown = record(stopped)
     table = summary_rows(shown.html)
@@ -502,7 +502,7 @@ def test_a_one_sample_spike_survives_in_the_timeline_picture(stopped):
 
 
 def test_write_html_is_a_self_contained_page_of_the_whole_run(stopped, tmp_path):
-    from nbmon.notebook.dashboard import write_html
+    from nbmon.views.dashboard import write_html
 
     append(stopped.store, 20_000, proc_cpu_percent=10.0)
     append(stopped.store, 1, proc_cpu_percent=777.0)   # a one-sample spike at the end
@@ -519,7 +519,7 @@ def test_write_html_is_a_self_contained_page_of_the_whole_run(stopped, tmp_path)
 
 
 def test_write_html_of_a_monitor_that_never_ran(tmp_path):
-    from nbmon.notebook.dashboard import write_html
+    from nbmon.views.dashboard import write_html
 
     path = write_html(Monitor(gpu=False), tmp_path / "empty.html")
     page = (tmp_path / "empty.html").read_text(encoding="utf-8")
@@ -557,7 +557,7 @@ def test_the_memory_warning_is_a_line_at_its_threshold_and_a_note_while_it_holds
     note on the memory row; once the threshold is above the use, the note
     goes and the line moves."""
     from nbmon.postmortem import memwarn
-    from nbmon.notebook.dashboard import WARNING_LINE, WARNING_NOTE
+    from nbmon.views.dashboard import WARNING_LINE, WARNING_NOTE
 
     watch = memwarn.MemoryWatch(os.getpid(), max(0.5, min(meminfo_used_percent(), container_used_percent()) / 2))
     with Monitor(interval=0.05, gpu=False, consumers=[watch]) as m:

@@ -17,12 +17,12 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import nbmon
-import nbmon.notebook.magics
+import nbmon.kernel.magics
 from browser_util import legend, row, summary_rows
 from helpers import StubSource, burn_cpu, wait_until
 from nbmon.engine import Monitor
 from nbmon.format import fmt
-from nbmon.notebook.session import SESSION
+from nbmon.kernel.session import SESSION
 from nbmon.report.summary import ResourceSummary
 
 MIB = 2**20
@@ -146,7 +146,7 @@ def test_a_cell_starts_the_sessions_monitor_which_rests_between_cells(ip):
     with capture_output():
         seen = ip.run_cell_magic("resmon", "--interval 0.05",
                                  "import threading, time\n"
-                                 "from nbmon.notebook.session import SESSION as rm_s\n"
+                                 "from nbmon.kernel.session import SESSION as rm_s\n"
                                  "before = rm_s.host.info()['samples']\n"
                                  "time.sleep(1.0)\n"
                                  "(rm_s.host.info(), rm_s.host.info()['samples'] - before,\n"
@@ -304,7 +304,7 @@ def test_samples_frame_round_trips_through_csv_and_parquet(ip, tmp_path):
 @pytest.mark.parametrize("order", ["meter first", "record first"])
 def test_the_record_stays_whether_its_meter_shows_before_or_after_it(order):
     # The meter is shown from the host's thread, the record from the cell's: either may come first.
-    outlet = nbmon.notebook.magics._Outlet()
+    outlet = nbmon.kernel.magics._Outlet()
     meter, record = ({"data": {"text/plain": name}, "metadata": {}} for name in ("meter", "record"))
     with capture_output() as cap:
         if order == "meter first":
@@ -565,14 +565,14 @@ def test_unload_removes_hooks_and_stops_every_thread(ip):
         ip.run_line_magic("resmon", "")
         ip.run_line_magic("resmon", "auto on --threshold 0")
         ip.run_cell("rm_z = 1")
-    magics = nbmon.notebook.magics._loaded[id(ip)]
+    magics = nbmon.kernel.magics._loaded[id(ip)]
     assert thread_names()
     assert magics._cell_finished in ip.events.callbacks["post_run_cell"]
 
     with capture_output():
         ip.run_line_magic("unload_ext", "nbmon")
     hooks = ip.events.callbacks["post_run_cell"] + ip.events.callbacks["pre_run_cell"]
-    assert not [cb for cb in hooks if isinstance(getattr(cb, "__self__", None), nbmon.notebook.magics.ResmonMagics)]
+    assert not [cb for cb in hooks if isinstance(getattr(cb, "__self__", None), nbmon.kernel.magics.ResmonMagics)]
     assert ip.find_line_magic("resmon") is None and ip.find_cell_magic("resmon") is None
     wait_until(lambda: not thread_names(), timeout=5.0, what="every nbmon thread to end after unload")
 

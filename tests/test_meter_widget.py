@@ -16,11 +16,11 @@ import traitlets
 
 from helpers import RecordingComm
 from nbmon import catalog
-from nbmon.notebook import frontend
-from nbmon.notebook.meter import FIELDS, FLOAT_TRAITS, METRICS, SLOTS, STATUSES, Meter, MeterFeed
+from nbmon.views import frontend
+from nbmon.views.meter import FIELDS, FLOAT_TRAITS, METRICS, SLOTS, STATUSES, Meter, MeterFeed
 
 REPO = Path(__file__).resolve().parents[1]
-JS = REPO / "nbmon" / "notebook" / "js"
+JS = REPO / "nbmon" / "views" / "js"
 
 METER_NAMES = ["proc_cpu_percent", "proc_pss_mb", "sys_mem_total_mb", "gpu_util_percent", "gpu_mem_used_mb"]
 EXPECTED_TRAITS = {
@@ -74,9 +74,9 @@ def test_readings_are_the_catalogs_meter_metrics():
 
 
 def test_js_fixture_is_the_fields_python_sends():
-    # nbmon/notebook/js/test/meter.test.mjs renders the meter with this file as `fields`.
+    # nbmon/views/js/test/meter.test.mjs renders the meter with this file as `fields`.
     fixture = json.loads((JS / "test" / "meter_fields.json").read_text(encoding="utf-8"))
-    assert fixture == json.loads(json.dumps(list(FIELDS))), "regenerate nbmon/notebook/js/test/meter_fields.json from FIELDS"
+    assert fixture == json.loads(json.dumps(list(FIELDS))), "regenerate nbmon/views/js/test/meter_fields.json from FIELDS"
 
 
 def test_fields_are_sent_once_not_with_updates(recorded):
@@ -298,18 +298,18 @@ def test_import_stays_light():
     code = (
         "import sys, nbmon\n"
         "before = set(sys.modules)\n"
-        "import nbmon.notebook.meter\n"
+        "import nbmon.views.meter\n"
         "heavy = [m for m in ('numpy', 'pandas', 'plotly', 'psutil', 'pynvml') if m in set(sys.modules) - before]\n"
         "print(','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "", f"import nbmon.notebook.meter pulled in {out.stdout.strip()}"
+    assert out.stdout.strip() == "", f"import nbmon.views.meter pulled in {out.stdout.strip()}"
 
 
 def test_js_suite_passes():
     node = shutil.which("node")
     if node is None:
-        pytest.fail("node is not on PATH; the front end's JS tests (nbmon/notebook/js/test/) need Node.js >= 20")
+        pytest.fail("node is not on PATH; the front end's JS tests (nbmon/views/js/test/) need Node.js >= 20")
     # Files listed explicitly: Node 20 takes a directory, Node 21+ wants globs.
     tests = sorted(str(p.relative_to(JS)) for p in (JS / "test").glob("*.test.mjs"))
     assert tests, "no JS tests found"

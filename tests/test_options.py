@@ -18,8 +18,8 @@ from IPython.utils.capture import capture_output
 from nbmon import options
 from nbmon.postmortem import memwarn
 from nbmon.cli import _parser
-from nbmon.notebook.magics import ResmonMagics
-from nbmon.notebook.session import SESSION
+from nbmon.kernel.magics import ResmonMagics
+from nbmon.kernel.session import SESSION
 from nbmon.options import CLI, MAGIC, Options
 
 # A good value as typed, for each option that takes one (a new option needs one here).

@@ -62,7 +62,7 @@ def holds(row: dict, lowest_true_peak: float) -> None:
 def helper_stopped(kernel: RealKernel):
     """The session's helper stopped meanwhile: it reads a quiet cell's notes
     (its start, its end) only after the cell ran, as a loaded machine may."""
-    helper = kernel.value("__import__('nbmon.notebook.session').notebook.session.SESSION.host.pid")
+    helper = kernel.value("__import__('nbmon.kernel.session').kernel.session.SESSION.host.pid")
     os.kill(helper, signal.SIGSTOP)
     try:
         yield

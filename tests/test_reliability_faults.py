@@ -134,7 +134,7 @@ def test_resmon_status_prints_the_faults(monkeypatch):
     from IPython.testing import globalipapp
     from IPython.utils.capture import capture_output
 
-    from nbmon.notebook.session import SESSION
+    from nbmon.kernel.session import SESSION
 
     ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # None once anyone started it
     with capture_output():

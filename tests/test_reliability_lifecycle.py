@@ -173,8 +173,8 @@ def test_resmon_100_cycles_in_a_real_ipython_shell(backend):
     from IPython.testing import globalipapp
     from IPython.utils.capture import capture_output
 
-    from nbmon.notebook.dashboard import Dashboard
-    from nbmon.notebook.session import SESSION
+    from nbmon.views.dashboard import Dashboard
+    from nbmon.kernel.session import SESSION
 
     ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # None once anyone started it
     saved = list(ip.display_formatter.active_types)

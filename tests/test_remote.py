@@ -1,9 +1,10 @@
-"""The session in its helper process (nbmon.notebook.remote / serve): the
+"""The session in its helper process (nbmon.kernel.remote / serve): the
 pipe's frames, a real helper answering, the widgets' comm traffic relayed
 byte for byte, and a helper that dies or stops answering, which never
 reaches the user's cell."""
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
@@ -18,9 +19,10 @@ from IPython.utils.capture import capture_output
 import nbmon
 from helpers import in_forked_child, wait_until
 from nbmon import launch
-from nbmon.notebook import remote
-from nbmon.notebook.remote import Reader, RemoteHost, pack, unpack
-from nbmon.notebook.session import SESSION, Outlet
+from nbmon.kernel import remote
+from nbmon.helper.protocol import CALLS, NOTES, Reader, pack, unpack
+from nbmon.kernel.remote import RemoteHost
+from nbmon.kernel.session import SESSION, Outlet
 
 
 def test_frames_carry_json_and_buffers_byte_for_byte():
@@ -89,6 +91,26 @@ def host():
     yield made
     made.bye()
     wait_until(lambda: made.gone and not made._thread.is_alive(), what="the helper to end")
+
+
+def test_both_ends_take_exactly_the_protocols_calls_and_notes(host):
+    """The kernel's calls to the host are an interface (protocol.HostCalls,
+    HostNotes): the host implements each with its signature, the kernel's
+    handle forwards each with the same one, and a call or note that does
+    not fit is refused at either end, never run."""
+    from nbmon.helper.host import SessionHost
+
+    for table in (CALLS, NOTES):
+        for name, signature in table.items():
+            assert inspect.signature(getattr(SessionHost, name)) == signature, name
+    assert {name: inspect.signature(getattr(RemoteHost, name)) for name in CALLS} == CALLS
+    with pytest.raises(TypeError):
+        host.info(1)   # refused here, before the pipe
+    with pytest.raises(TypeError):
+        host.note("cell_started", 1)
+    with pytest.raises(remote.HostError, match="not a call the host takes"):
+        host.call("close")   # the host has it, the protocol does not: refused there
+    assert host.info()["running"] is False
 
 
 def test_a_live_view_in_the_helper_reaches_the_page_through_the_kernels_comms(host, relayed):
@@ -207,7 +229,7 @@ def _kernel_script(tmp_path, then: str, seconds: float) -> tuple[str, dict]:
     the helper's pid printed, then ``seconds`` of sleep) and its environment
     (its private directory in ``tmp_path``)."""
     code = ("import time\n"
-            "from nbmon.notebook.session import SESSION\n"
+            "from nbmon.kernel.session import SESSION\n"
             "SESSION.connect(kernel=False)\n"
             f"{then}"
             "print(SESSION.host.pid, flush=True)\n"

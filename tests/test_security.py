@@ -26,7 +26,7 @@ from helpers import DEADLINE_S, figure, wait_until
 
 import nbmon
 from nbmon.engine import Monitor
-from nbmon.notebook.dashboard import Dashboard, write_html
+from nbmon.views.dashboard import Dashboard, write_html
 
 PACKAGE = pathlib.Path(nbmon.__file__).parent
 INET = {"AF_INET", "AF_INET6"}
@@ -135,7 +135,7 @@ def _calls(path: pathlib.Path):
 def test_only_the_cell_magic_evaluates_code_and_it_is_the_users_own_cell():
     hits = []
     paths = sorted(PACKAGE.rglob("*.py"))  # every module, subpackages included
-    assert PACKAGE / "notebook" / "magics.py" in paths
+    assert PACKAGE / "kernel" / "magics.py" in paths
     for path in paths:
         where = path.relative_to(PACKAGE).as_posix()
         for name, owner, scope, node in _calls(path):
@@ -151,8 +151,8 @@ def test_only_the_cell_magic_evaluates_code_and_it_is_the_users_own_cell():
                     hits.append((where, scope, "shell=True"))
     figure("eval/exec in nbmon", calls=sorted(hits))
     # exec of the cell's statements, eval of its last expression: %%resmon runs the user's own cell.
-    assert sorted(hits) == [("notebook/magics.py", "ResmonMagics._execute", "eval"),
-                            ("notebook/magics.py", "ResmonMagics._execute", "exec")]
+    assert sorted(hits) == [("kernel/magics.py", "ResmonMagics._execute", "eval"),
+                            ("kernel/magics.py", "ResmonMagics._execute", "exec")]
 
 
 def test_the_cell_magic_evaluates_only_the_cell_never_its_options(tmp_path):

@@ -20,7 +20,7 @@ import nbmon
 from helpers import csv_rows, disk_full_run, nbmon_threads, sigkill_mid_write, wait_until
 from nbmon.sinks.consumers import SampleForwarder
 from nbmon.engine import Monitor
-from nbmon.notebook.session import SESSION
+from nbmon.kernel.session import SESSION
 from nbmon.sinks.senders import CallbackSender, CSVSender, JSONLinesSender
 
 
@@ -210,8 +210,8 @@ TSV_SINK = """
     import nbmon
     from IPython.core.interactiveshell import InteractiveShell
     from nbmon import cli
-    from nbmon.notebook.magics import ResmonMagics
-    from nbmon.notebook.session import SESSION
+    from nbmon.kernel.magics import ResmonMagics
+    from nbmon.kernel.session import SESSION
 
     run_tsv, magic_tsv, monitor_tsv = sys.argv[1:4]
     code = cli.main(["run", "--quiet", "--interval", "0.05", "--tsv", run_tsv, "--",

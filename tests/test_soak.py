@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import FakeEvent, FakeTime
-from nbmon.notebook.frames import MAX_FRAME_BYTES, build_frame, frame_bytes
+from nbmon.views.frames import MAX_FRAME_BYTES, build_frame, frame_bytes
 from nbmon.sampling.sampler import Sampler
 from nbmon.sampling.store import Store
 from nbmon.report.summary import ResourceSummary, summarize

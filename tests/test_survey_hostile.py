@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nbmon.notebook import namespace
-from nbmon.notebook.namespace import Namespace
+from nbmon.kernel import namespace
+from nbmon.kernel.namespace import Namespace
 
 calls: list[str] = []
 

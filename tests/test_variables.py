@@ -23,8 +23,8 @@ from kernels import RealKernel
 from nbmon.postmortem import blackbox, deaths
 from nbmon.engine import Monitor
 from browser_util import summary_rows
-from nbmon.notebook.host import watch_kernel
-from nbmon.notebook.namespace import MAX_ITEMS, CellSizes, Namespace
+from nbmon.helper.host import watch_kernel
+from nbmon.kernel.namespace import MAX_ITEMS, CellSizes, Namespace
 from nbmon.report.variables import Var, Variables, held_before
 from test_blackbox import _with_header, boxes  # noqa: F401 - a fixture
 from test_postmortem import FILL, Kernel, last_death, limited_kernelspec, postmortems, private_dir  # noqa: F401
@@ -196,7 +196,7 @@ def survey(ns: dict, before: dict | None = None) -> Variables:
 
 
 def test_what_each_kind_reports(monkeypatch):
-    monkeypatch.setattr("nbmon.notebook.namespace.TOP", 100)   # every variable in the report
+    monkeypatch.setattr("nbmon.kernel.namespace.TOP", 100)   # every variable in the report
     frame = pd.DataFrame({"n": np.arange(1000), "s": [str(i) for i in range(1000)],
                           "c": pd.Categorical(["a", "b"] * 500)})
     objects = pd.Series([object() for _ in range(100)])

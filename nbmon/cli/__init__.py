@@ -60,7 +60,7 @@ def _refused():
 
 
 def _page(monitor, path, *, title: str, overwrite: bool) -> None:
-    from ..notebook.dashboard import write_html
+    from ..views.dashboard import write_html
 
     write_html(monitor, path, title=title, overwrite=overwrite)
 

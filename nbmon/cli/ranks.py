@@ -297,7 +297,7 @@ def write_report(frame, path, *, title: str = "ranks", overwrite: bool = False, 
     and a timeline per metric with a trace per rank. Returns ``path``."""
     import html
 
-    from ..notebook.pages import ranks_figure, write_page
+    from ..views.pages import ranks_figure, write_page
 
     table = rank_table(frame)
     flagged = {flag: table.index[table[flag]] for flag in ("straggler", "largest")}

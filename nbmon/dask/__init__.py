@@ -7,7 +7,7 @@
 
 or ``%resmon --dask client`` / ``%resmon stop`` in a notebook, which also
 shows the cluster live (a watch's live view,
-:class:`nbmon.notebook.cluster.ClusterView`, is the notebook package's: this
+:class:`nbmon.views.cluster.ClusterView`, is the notebook package's: this
 package imports nothing of it). Each worker samples its own process tree
 (the worker and the processes its tasks start) with the local monitor's
 rules -- exact peak RSS, nanosecond CPU clocks -- and only the GPUs its
@@ -63,7 +63,7 @@ def _distributed():
 def watch(client, options: Options | None = None, *, every_s: float = 1.0,
           worker_max_bytes: int = 1 << 20, **settings):
     """Watch every worker of ``client``'s cluster; returns the Watch
-    (:class:`nbmon.notebook.cluster.ClusterView` of it: a live view). ``options`` / ``settings`` as for a Monitor
+    (:class:`nbmon.views.cluster.ClusterView` of it: a live view). ``options`` / ``settings`` as for a Monitor
     (``interval``, ``gpu``, ``children``, ``system``: the machine, once per
     host). ``every_s`` seconds between a worker process's batches (at least
     1; a host sends its processes' together, that often, or less often on

@@ -68,7 +68,7 @@ class Death:
     value})``, oldest first. It shows as a table (``str()``: as text); at
     ``%load_ext nbmon`` the notebook shows it as a record like a
     ``%%resmon`` cell's, with the timeline of ``records``
-    (:func:`nbmon.notebook.kernel_watch.death_record`). ``held``: the
+    (:func:`nbmon.helper.host.death_record`). ``held``: the
     box's variables (:meth:`nbmon.report.variables.Variables.for_box`), the
     largest the kernel held as the last cell before its death ended."""
 

@@ -1,7 +1,7 @@
 """What holds the memory: the user's variables that a cell made, grew or
 freed, and the largest ones the kernel holds, as plain data and as text.
 
-The kernel sizes its namespace at a cell's end (:mod:`nbmon.notebook.namespace`)
+The kernel sizes its namespace at a cell's end (:mod:`nbmon.kernel.namespace`)
 and sends the result to the session's host, where it becomes part of the
 cell's :class:`~nbmon.summary.ResourceSummary` (its record's rows, columns
 of ``nbmon.history()``), and where the largest variables go into the black

@@ -42,11 +42,9 @@ several processes, whose own peaks need not have coincided) or "sampled".
 from __future__ import annotations
 
 import math
-import os
 from typing import NamedTuple
 
 from ...values import NAN
-from ..procfs import read_path
 
 # The fastest a thread can fault in new memory (zeroed huge pages at memory
 # bandwidth): a process that ran t seconds cannot have grown by more than
@@ -62,18 +60,6 @@ WALK_S_PER_KB = 1.1e-8      # the first guess of a walk's cost (11 ms per GiB), 
 UNMAP_SLACK_KB = 1024.0    # a process whose shareable RSS fell by more than this is unmapping
 SHARED_MOVE_MB = 16.0       # shareable RSS (files, /dev/shm) moved this much since the last walk:
 SHARED_MOVE_SHARE = 0.05    # ... or by this share of it: walk again
-
-
-PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2 ** 20
-
-
-def resident_mb(pid: int | str = "self") -> float:
-    """A process's resident set (``/proc/<pid>/statm``: microseconds, cheap
-    enough for every cell's start), NaN where unreadable."""
-    try:
-        return int(read_path(f"/proc/{pid}/statm").split()[1]) * PAGE_MB
-    except (OSError, IndexError, ValueError):
-        return NAN
 
 
 def take(proc, status: "Status", rss_kb: float) -> None:

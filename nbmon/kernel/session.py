@@ -1,6 +1,6 @@
 """The notebook's session as the kernel holds it: a host
-(:class:`~nbmon.notebook.host.SessionHost`, in a helper process by default,
-:mod:`nbmon.notebook.remote`; in the kernel with ``backend="thread"`` or
+(:class:`~nbmon.helper.host.SessionHost`, in a helper process by default,
+:mod:`nbmon.kernel.remote`; in the kernel with ``backend="thread"`` or
 where no helper can start), the last cell's summary, and what the user
 reads: :func:`monitor`, :func:`history` and :func:`samples` (pandas
 DataFrames, imported when asked for), :func:`last_summary`.
@@ -85,7 +85,7 @@ class Session:
                 except HostError as err:
                     host.bye()
                     self.why_local = f"its helper process did not start ({err})"
-        from .host import SessionHost
+        from ..helper.host import SessionHost
 
         return SessionHost(os.getpid(), self.outlet, kernel=self.kernel)
 

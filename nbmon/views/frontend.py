@@ -1,6 +1,6 @@
 """The widgets' front ends as anywidget loads them: one ES module text each.
 
-The sources are plain ES modules under nbmon/notebook/js/ (node's tests
+The sources are plain ES modules under nbmon/views/js/ (node's tests
 import them as they are). anywidget takes one module from a string, so
 :func:`module` joins an entry module and the modules it imports into one
 text with no imports, here at import time: pip installs ship the sources
@@ -44,7 +44,7 @@ def module(entry: str, root: pathlib.Path = JS) -> str:
     done: dict[pathlib.Path, tuple[str, str, set[str]]] = {}   # in order: each module after those it imports
     _visit(top, root, done, [])
     declared: dict[str, str] = {}
-    parts = [f"// nbmon's {entry} and the modules it imports, joined by nbmon/notebook/frontend.py."]
+    parts = [f"// nbmon's {entry} and the modules it imports, joined by nbmon/views/frontend.py."]
     for path, (text, code, _) in done.items():
         name = _shown(path, root)
         for match in _DECLARATION.finditer(code):

@@ -1,6 +1,6 @@
 """The offline pages nbmon writes: one skeleton, one plotly embedding, one
 way to the disk (:func:`nbmon.sinks.files.write_text`: never through a planted
-link). A run's page (``nbmon run --html``, :func:`nbmon.notebook.dashboard.write_html`)
+link). A run's page (``nbmon run --html``, :func:`nbmon.views.dashboard.write_html`)
 and a distributed job's ranks (``nbmon report --html``, :func:`ranks_figure`)
 are both :func:`write_page`: a title, the static record or tables, then an
 interactive chart with plotly.js embedded, so that the page opens offline.

@@ -142,7 +142,7 @@ class FakeModel {
 }
 
 // The Meter's `fields` as Python sends them (tests/test_meter_widget.py checks
-// that this file is nbmon.notebook.meter.FIELDS).
+// that this file is nbmon.views.meter.FIELDS).
 const FIELDS = JSON.parse(readFileSync(join(JS_DIR, "test", "meter_fields.json"), "utf8"));
 
 const DEFAULTS = {

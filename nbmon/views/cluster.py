@@ -1,8 +1,8 @@
 """The live view of a watched Dask cluster (:class:`ClusterView`): a
-:class:`~nbmon.notebook.live.LiveView`, as the dashboard is (one widget
+:class:`~nbmon.views.live.LiveView`, as the dashboard is (one widget
 class and front end, one-way frames, the same record in every viewer).
 
-A column per chart row of :data:`~nbmon.notebook.charts.ROWS` that the
+A column per chart row of :data:`~nbmon.views.charts.ROWS` that the
 workers have (CPU, memory, GPU utilisation and memory), the workers on top
 and the cluster's total below. A worker's trace is its batches' mean (CPU,
 GPU utilisation) or maximum (memory: :func:`~nbmon.dask.wire.shown_column`);

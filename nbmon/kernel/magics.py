@@ -1,7 +1,7 @@
 """``%resmon`` / ``%%resmon``: the IPython face of nbmon.
 
 The only module that imports IPython. It drives the session's host
-(:mod:`nbmon.notebook.session`: in a helper process by default) in plain
+(:mod:`nbmon.kernel.session`: in a helper process by default) in plain
 data, and displays what it answers: mimebundles, by display id where the
 host updates them later.
 """
@@ -31,7 +31,7 @@ from ..sinks import senders
 from ..format import printable
 from ..options import DEFAULT_WINDOW_S, MAGIC, Options, check_interval
 from ..report.summary import ResourceSummary
-from ..sources.tree.memory import resident_mb
+from ..launch import resident_mb
 from .session import SESSION, options_dict
 
 SUBCOMMANDS = ("start", "stop", "status", "summary", "auto")
@@ -240,7 +240,7 @@ def _said(err: Exception) -> None:
 class ResmonMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
-        self.cluster_views: list = []   # nbmon.notebook.cluster.ClusterView, displayed
+        self.cluster_views: list = []   # nbmon.views.cluster.ClusterView, displayed
         self.auto_threshold_s: float | None = None
         self._auto_cell: str | None = None   # the token of the cell auto mode watches now
         self._auto_t0 = 0.0                   # its start, by the kernel's clock
@@ -434,14 +434,14 @@ class ResmonMagics(Magics):
             watch = nbmon_dask.watch(nbmon_dask.client_named(self.shell.user_ns, name), options)
         except (ValueError, RuntimeError, ImportError) as err:
             raise UsageError(str(err)) from None
-        from .cluster import ClusterView
+        from ..views.cluster import ClusterView
 
         watch.ready()
         view = ClusterView(watch, window_s=window, start=False)
         view.handle = display(view, display_id=True)
         view.picture_handle = display(view.picture(), display_id=True)   # the timeline: an output of its own
         if getattr(self.shell, "kernel", None) is not None:
-            from .live import push_bundle
+            from ..views.live import push_bundle
 
             push_bundle()   # plotly's bundle to the page now: it imports it while the chart is built
         self.cluster_views.append(view)

@@ -1,4 +1,4 @@
-// nbmon live dashboard: the front end of nbmon.notebook.dashboard's FigureWidget.
+// nbmon live dashboard: the front end of nbmon.views.dashboard's FigureWidget.
 //
 // The kernel's FigureWidget is a plotly FigureWidget whose _esm is this small
 // module instead of plotly's 5 MB widget bundle. The bundle (plotly.js and
@@ -87,7 +87,7 @@
 // bands.js (cell bands), axes.js (ranges, ticks, what a redraw would show),
 // theme.js (colours), paint.js (the canvas and its worker), page.js (the
 // page's watchers and redraw timing), live.js (the model and its views), and
-// this one (the style and the widget). nbmon/notebook/frontend.py joins them
+// this one (the style and the widget). nbmon/views/frontend.py joins them
 // and ../format.js into the one module anywidget loads.
 
 import { PAGE } from "./page.js";

@@ -1,5 +1,5 @@
 """The kernel's side of the session host in a helper process
-(:mod:`nbmon.notebook.serve`): :class:`RemoteHost`, and the pipe's frames.
+(:mod:`nbmon.helper.serve`): :class:`RemoteHost`, and the pipe's frames.
 
 The kernel keeps only this: three pipes and one relay thread
 (``nbmon-relay``). A call (:meth:`RemoteHost.call`) is a request frame on
@@ -12,36 +12,29 @@ the same id, and sends the page's messages back), outputs shown or updated
 by display id, and lines for the running cell. Nothing the helper sends is
 executed: a frame is data for a comm, a display or a print.
 
-A frame is ``kind (1 byte) + length (u32) + payload``; a payload is a JSON
-head (u32 length first) and binary buffers (each u32 length first). The
-helper exits when its stdin closes: told to by ``bye`` (the kernel exits
+The frames and what the kernel may call and note are
+:mod:`nbmon.helper.protocol`'s. The helper exits when its stdin closes: told to by ``bye`` (the kernel exits
 normally: the black box goes), or not (the kernel died: the box stays for
 the post-mortem), and when its parent is gone.
 """
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import select
 import signal
-import struct
 import threading
 import time
 import weakref
 
-from ..launch import EXCLUDED, Frames, frame, spawn, write_all
+from ..helper.protocol import CALLS, NOTES, HostCalls, Reader, check, pack
+from ..launch import EXCLUDED, spawn, write_all
 
-_PART = struct.Struct("<I")
 START_TIMEOUT_S = 30.0        # the helper's imports, on a loaded machine
 CALL_TIMEOUT_S = 10.0
 # What the helper imports: found where this process finds them (nbmon.launch).
 IMPORTS = ("nbmon", "numpy", "psutil", "pynvml", "traitlets", "comm", "ipywidgets", "anywidget", "plotly",
            "_plotly_utils", "IPython", "pandas")
-# What the kernel may ask of the host (nbmon.notebook.host.SessionHost's methods), and tell it.
-CALLS = frozenset({"hello", "start", "info", "stop", "stop_auto", "summary", "status", "cell_open", "cell_close",
-                   "last_summary", "history", "samples", "view_open", "view_start"})
-NOTES = frozenset({"cell_started", "cell_finished", "cell_open_note", "cell_close_note"})
 _hosts: "weakref.WeakSet[RemoteHost]" = weakref.WeakSet()
 
 
@@ -49,40 +42,8 @@ class HostError(RuntimeError):
     """The session host did not answer (gone, stuck), or its call failed: one sentence."""
 
 
-def pack(kind: bytes, head, buffers=()) -> bytes:
-    text = json.dumps(head, separators=(",", ":")).encode()
-    parts = [_PART.pack(len(text)), text]
-    for buffer in buffers:
-        data = memoryview(buffer).cast("B")   # numpy's buffers count items, not bytes
-        parts += [_PART.pack(data.nbytes), data]
-    return frame(kind, b"".join(parts))
-
-
-def unpack(payload: bytes) -> tuple[object, list[bytes]]:
-    view = memoryview(payload)
-    (size,), at = _PART.unpack_from(view), _PART.size
-    head = json.loads(bytes(view[at:at + size]))
-    at += size
-    buffers = []
-    while at < len(view):
-        (size,) = _PART.unpack_from(view, at)
-        at += _PART.size
-        buffers.append(bytes(view[at:at + size]))
-        at += size
-    return head, buffers
-
-
-class Reader(Frames):
-    """Frames from a pipe: :meth:`read` returns (kind, head, buffers), or
-    None at its end (or at a frame no sender of ours would make)."""
-
-    def read(self, deadline: float | None = None):
-        got = super().read(deadline)
-        return None if got is None else (got[0], *unpack(got[1]))
-
-
-class RemoteHost:
-    """The session host (:class:`nbmon.notebook.host.SessionHost`) of kernel
+class RemoteHost(HostCalls):
+    """The session host (:class:`nbmon.helper.host.SessionHost`) of kernel
     ``pid``, run in a helper process; its methods are called by name
     (``host.cell_open(...)``) and answer plain data, or raise
     :class:`HostError`. ``outlet`` shows what the host sends on its own
@@ -94,7 +55,7 @@ class RemoteHost:
         self.outlet = outlet
         replies, answer = os.pipe()   # answers come on a pipe of their own, read by the caller
         try:
-            self.proc = spawn("nbmon.notebook.serve:main",
+            self.proc = spawn("nbmon.helper.serve:main",
                               [str(pid), str(os.getpid()), "1" if kernel else "0", str(answer)], IMPORTS, (answer,))
         except BaseException:
             os.close(replies)
@@ -162,14 +123,10 @@ class RemoteHost:
             if head.get("id") == ident:
                 return head, buffers
 
-    def __getattr__(self, method: str):
-        if method not in CALLS:
-            raise AttributeError(method)
-        return lambda *args, **kwargs: self.call(method, *args, **kwargs)
-
     def note(self, method: str, *args) -> None:
         """``method(*args)`` on the host, without waiting (the cell hooks: a
         frame each way of a cell would be a round trip each)."""
+        check(method, args, {}, NOTES)
         self._send(b"N", {"method": method, "args": args})
 
     def _send(self, kind: bytes, head, buffers=()) -> None:
@@ -293,6 +250,23 @@ class RemoteHost:
 def _bye_at_exit() -> None:
     for host in list(_hosts):
         host.bye()
+
+
+def _forwarded(method: str):
+    """RemoteHost's ``method``: the protocol's signature, checked here, then the call over the pipe."""
+    signature = CALLS[method]
+
+    def forward(self, *args, **kwargs):
+        check(method, args, kwargs, CALLS)
+        return self.call(method, *args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = method
+    forward.__signature__ = signature
+    return forward
+
+
+for _method in CALLS:
+    setattr(RemoteHost, _method, _forwarded(_method))
 
 
 def _forget_in_child() -> None:

@@ -1,4 +1,4 @@
-"""Compact one-line live meter for a cell: an anywidget over nbmon/notebook/js/meter.js.
+"""Compact one-line live meter for a cell: an anywidget over nbmon/views/js/meter.js.
 
 Its readings are the catalog's metrics with ``meter=True``, one synced float
 trait each, named as the catalog names them (units in the names:

@@ -2,7 +2,7 @@
 the live views, the memory warning and the black box.
 
 :class:`SessionHost` runs in a helper process by default
-(:mod:`nbmon.notebook.serve`, driven through :mod:`nbmon.notebook.remote`),
+(:mod:`nbmon.helper.serve`, driven through :mod:`nbmon.kernel.remote`),
 so that the kernel holds none of it: no numpy, plotly, widgets or history
 for its cyclic garbage collector to walk on every full collection, no
 sampler thread to share its GIL with. With ``--backend thread`` it runs in
@@ -43,7 +43,8 @@ from ..report.summary import ResourceSummary, labelled_headline, summarize
 from ..report.records import CellRecord
 from ..values import NAN
 from ..report.variables import Variables
-from .charts import Record, record_timeline
+from ..views.charts import Record, record_timeline
+from .protocol import HostCalls, HostNotes
 
 MAX_RECORDS = 10_000   # cells the history keeps: the oldest go first
 REST_S = 1.0           # seconds between samples while no cell runs
@@ -81,7 +82,7 @@ class _OpenCell:
         self.closed = False
 
 
-class SessionHost:
+class SessionHost(HostCalls, HostNotes):
     """The session of one kernel (``pid``). ``outlet`` carries what the host
     sends on its own (display updates, warnings); ``kernel``: the outputs
     are in a kernel's front end, where updates replace them in place (a
@@ -232,7 +233,7 @@ class SessionHost:
         if self.monitor is not None:
             self.monitor.rest(False)
             if self.views:
-                from .dashboard import keep_cells
+                from ..views.dashboard import keep_cells
 
                 now = self.monitor.clock()
                 keep_cells(self.bands, now, max(view.window_s for view, *_ in self.views))
@@ -303,7 +304,7 @@ class SessionHost:
         self.cell_close(token, status, number=number, variables=variables)
 
     def _show_meter(self, cell: _OpenCell, meter_id: str) -> None:
-        from .meter import Meter, MeterFeed
+        from ..views.meter import Meter, MeterFeed
 
         with self._lock:
             if cell.closed:
@@ -312,7 +313,7 @@ class SessionHost:
             cell.feed = MeterFeed(cell.meter, self.monitor)
             self.outlet.show(meter_id, bundle(cell.meter))
 
-    def cell_close(self, token: int, status: str = "ok", *, show: str = "", extra_html: str = "",
+    def cell_close(self, token: int | str, status: str = "ok", *, show: str = "", extra_html: str = "",
                    number: int | None = None, variables: dict | None = None) -> dict:
         """A monitored cell ended with ``status``; kept in the history unless
         shorter than its ``min_duration_s``; ``variables``: the kernel's
@@ -432,7 +433,7 @@ class SessionHost:
         once it is made, empty again once it stops (a front end whose widget
         manager makes models only for widget views, each output in a frame
         of its own: Colab)."""
-        from .dashboard import Dashboard
+        from ..views.dashboard import Dashboard
 
         monitor, self._unstarted = self._monitor(options, "view")
         sizing = monitor.options.variables   # once view_start() has started it
@@ -449,7 +450,7 @@ class SessionHost:
     def view_start(self) -> None:
         """Start the newest view, and the monitor it was made for."""
         if self.kernel:
-            from .live import push_bundle
+            from ..views.live import push_bundle
 
             push_bundle()   # plotly's bundle to the page now: it imports it while the run starts
         if self._unstarted:

@@ -1,4 +1,4 @@
-// nbmon compact live meter: the anywidget front end for nbmon.notebook.meter.Meter.
+// nbmon compact live meter: the anywidget front end for nbmon.views.meter.Meter.
 //
 // What it shows comes from Python: the `fields` trait lists the metric catalog's
 // meter metrics ({name, unit, label, group, hook, key, bar, gpu}), each synced
@@ -27,7 +27,7 @@
 //                                class nbmon-meter--alert (the RAM bar turns red).
 //
 // Python sends None for unknown readings; they arrive as null and show "–".
-// nbmon/notebook/frontend.py joins it and format.js into the one module anywidget loads.
+// nbmon/views/frontend.py joins it and format.js into the one module anywidget loads.
 
 import { barFraction, fmt } from "./format.js";
 

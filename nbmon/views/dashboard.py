@@ -1,5 +1,5 @@
 """The live dashboard: the kernel's monitor as a live view
-(:class:`~nbmon.notebook.live.LiveView`: its record, one-way stream and
+(:class:`~nbmon.views.live.LiveView`: its record, one-way stream and
 refresher).
 
 Rows and traces come from :mod:`charts`: per row the kernel's own traces on
@@ -136,7 +136,7 @@ def record_html(monitor, live_id: str = "", state: str = "") -> str:
 def write_html(monitor, path, *, title: str | None = None,
                budget_per_trace: int = 5000, overwrite: bool = False):
     """Write a self-contained, offline HTML page of the monitor's run
-    (:func:`nbmon.notebook.pages.write_page`): the static record and an
+    (:func:`nbmon.views.pages.write_page`): the static record and an
     interactive plotly chart of the whole run (x in seconds since the run
     started). Returns ``path``; an existing name is FileExistsError unless
     ``overwrite``."""

@@ -1,6 +1,6 @@
 """The base of nbmon's live views: the kernel's dashboard
-(:mod:`nbmon.notebook.dashboard`) and a Dask cluster's
-(:mod:`nbmon.notebook.cluster`). One plotly FigureWidget class with one
+(:mod:`nbmon.views.dashboard`) and a Dask cluster's
+(:mod:`nbmon.views.cluster`). One plotly FigureWidget class with one
 front end (js/dashboard/), one refresher lifecycle, one record.
 
 What is displayed is not the widget but the view's static record: a table

@@ -1,6 +1,6 @@
 """The helper process that hosts a kernel's session
-(:class:`nbmon.notebook.host.SessionHost`): ``python -I -c ... nbmon.notebook.serve:main
-KERNEL_PID PARENT_PID KERNEL``, started by :class:`nbmon.notebook.remote.RemoteHost`.
+(:class:`nbmon.helper.host.SessionHost`): ``python -I -c ... nbmon.helper.serve:main
+KERNEL_PID PARENT_PID KERNEL``, started by :class:`nbmon.kernel.remote.RemoteHost`.
 
 Its main thread answers the kernel's calls one at a time, in order, and
 hands the page's comm messages to the widgets; the host's own threads (the
@@ -19,7 +19,7 @@ import sys
 import threading
 
 from ..launch import StartError, write_all
-from .remote import CALLS, NOTES, Reader, pack
+from .protocol import CALLS, NOTES, Reader, check, pack
 
 PARENT_CHECK_S = 1.0
 
@@ -170,7 +170,7 @@ def main(argv: list[str]) -> int:
                 host.after()
             except Exception:  # noqa: BLE001 - the call that needs that work does it again, and says why
                 pass
-        elif kind == b"N" and head.get("method") in NOTES:
+        elif kind == b"N":
             _noted(host, head)
         elif kind in (b"m", b"c"):
             _from_page(kind, head, buffers)
@@ -185,18 +185,20 @@ def _warm() -> None:
     except (AttributeError, OSError):
         pass
     try:
-        from . import meter  # noqa: F401
+        from ..views import meter  # noqa: F401
     except Exception:  # noqa: BLE001 - the meter's own import will say why
         pass
 
 
 def _answer(host, head) -> tuple[dict, list]:
     """The reply to a call: its value (a dict's "buffers" go as the frame's), or its error in one line."""
-    method = head.get("method")
-    if method not in CALLS:
-        return {"id": head.get("id"), "error": f"no such call: {method!r}"}, []
+    method, args, kwargs = head.get("method"), head.get("args", ()), head.get("kwargs", {})
     try:
-        value = getattr(host, method)(*head.get("args", ()), **head.get("kwargs", {}))
+        check(method, args, kwargs, CALLS)
+    except TypeError as err:
+        return {"id": head.get("id"), "error": f"not a call the host takes: {err}"}, []
+    try:
+        value = getattr(host, method)(*args, **kwargs)
     except (StartError, ValueError) as err:   # nbmon's own sentences
         return {"id": head["id"], "error": str(err)}, []
     except Exception as err:  # noqa: BLE001 - said in the kernel, in one line
@@ -207,6 +209,7 @@ def _answer(host, head) -> tuple[dict, list]:
 
 def _noted(host, head) -> None:
     try:
+        check(head.get("method"), head.get("args", ()), {}, NOTES)
         getattr(host, head["method"])(*head.get("args", ()))
     except Exception:  # noqa: BLE001 - a note has no one to answer; the next call will say
         pass
