@@ -36,6 +36,7 @@ _LAZY = {
     "history": "kernel.session",
     "samples": "kernel.session",
     "last_summary": "kernel.session",
+    "MemoryGuardError": "kernel.guard",
     "read_ranks": "cli.ranks",
     "last_death": "postmortem.deaths",
 }

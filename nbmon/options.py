@@ -27,6 +27,8 @@ MAX_INTERVAL_S = 86400.0
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 BACKENDS = ("thread", "process")
 DEFAULT_MEMORY_WARNING_PERCENT = 90.0
+GUARD_AUTO = "auto"                  # the memory guard where a container's limit is known
+DEFAULT_MEMORY_GUARD_PERCENT = 95.0  # ... at this share of it
 SLOW_EVERY_S = 1.0           # seconds between reads of the slow figures (disk, network, load, cgroup)
 DEFAULT_WINDOW_S = 600.0     # seconds a live view shows
 # A %%resmon record opens (its table and timeline) for a cell this long, or
@@ -104,6 +106,21 @@ def _percent_text(text: str) -> float | None:
     return None if text.strip().lower() == "off" else float(text)
 
 
+def check_guard_percent(value, name: str) -> float | str | None:
+    """"auto", a percentage, or None (off)."""
+    if value == GUARD_AUTO or value is None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 100:  # NaN fails too
+        raise ValueError(f"{name} must be a percentage between 0 and 100, 'auto' or None (off), got {value!r}")
+    return float(value)
+
+
+def _guard_text(text: str) -> float | str | None:
+    """The guard flag's value: a number, "auto" or "off"."""
+    word = text.strip().lower()
+    return None if word == "off" else GUARD_AUTO if word == GUARD_AUTO else float(text)
+
+
 @dataclass(frozen=True, slots=True)
 class Flag:
     """How the front ends offer one option. ``flag`` is "--interval"; for a
@@ -144,7 +161,11 @@ class Options:
     process is their subreaper (``nbmon run``). ``memory_warning_percent``:
     the notebook tells the running cell once when the container's memory
     reaches this share of its limit (without a limit: when the machine's
-    used memory does); None: never (:mod:`nbmon.postmortem.memwarn`). ``variables``:
+    used memory does); None: never (:mod:`nbmon.postmortem.memwarn`).
+    ``memory_guard_percent``: the notebook stops the running cell at this
+    share of the limit, before the OOM killer stops the kernel ("auto": 95
+    where a container's limit is known; None: never;
+    :mod:`nbmon.postmortem.memguard`). ``variables``:
     in a notebook, the kernel sizes its variables at each cell's end, for
     the cell's record and the black box (:mod:`nbmon.kernel.namespace`).
     """
@@ -168,6 +189,11 @@ class Options:
         "--memory-warning", "warn the running cell once the container's memory reaches P percent of its limit "
                             f"(without one: the machine's); default {DEFAULT_MEMORY_WARNING_PERCENT:g}, off: never",
         "P", parse=_percent_text, offered=(MAGIC,)))
+    memory_guard_percent: float | str | None = option(GUARD_AUTO, check_guard_percent, Flag(
+        "--memory-guard", "stop the running cell (MemoryGuardError) once the container's memory reaches P "
+                          "percent of its limit, before the OOM killer kills the kernel (a number: also on a "
+                          f"machine with no limit); default auto: {DEFAULT_MEMORY_GUARD_PERCENT:g} where a "
+                          "container's limit is known; off: never", "P", parse=_guard_text, offered=(MAGIC,)))
     variables: bool = option(True, check_bool, Flag(
         "--no-variables", "do not size the notebook's variables at each cell's end (what grew, what the "
                           "post-mortem names)", offered=(MAGIC,)))

@@ -39,7 +39,7 @@ KERNEL = """
     import os, sys, time
     from nbmon.helper.host import SessionHost
     class Nowhere:
-        update = say = staticmethod(lambda *args: None)
+        update = say = stop_cell = staticmethod(lambda *args: None)
     host = SessionHost(os.getpid(), Nowhere(), kernel=False)
     host.start()
     host.cell_started(3, 'chunks = []')

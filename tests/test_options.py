@@ -23,7 +23,8 @@ from nbmon.kernel.session import SESSION
 from nbmon.options import CLI, MAGIC, Options
 
 # A good value as typed, for each option that takes one (a new option needs one here).
-TYPED = {"interval": ("0.5", 0.5), "backend": ("process", "process"), "memory_warning_percent": ("80", 80.0)}
+TYPED = {"interval": ("0.5", 0.5), "backend": ("process", "process"), "memory_warning_percent": ("80", 80.0),
+         "memory_guard_percent": ("85", 85.0)}
 
 
 def parsed(front_end: str, flag_args: list[str]):
@@ -82,7 +83,24 @@ def test_resmon_memory_warning_reaches_the_monitors_warning(ip, typed, percent):
             ip.run_line_magic("resmon", "stop")
 
 
+@pytest.mark.parametrize("typed, percent", [("85", 85.0), ("auto", "auto"), ("off", None)])
+def test_resmon_memory_guard_reaches_the_monitors_guard(ip, typed, percent):
+    from nbmon.postmortem.memguard import MemoryGuard
+
+    with capture_output():
+        ip.run_line_magic("resmon", f"--interval 0.05 --backend thread --memory-guard {typed}")
+    try:
+        assert SESSION.monitor.options.memory_guard_percent == percent
+        (guard,) = [c for c in SESSION.monitor.consumers if isinstance(c, MemoryGuard)]
+        assert guard.percent == percent
+    finally:
+        with capture_output():
+            ip.run_line_magic("resmon", "stop")
+
+
 @pytest.mark.parametrize("line, message", [
+    ("--memory-guard 100",
+     "--memory-guard must be a percentage between 0 and 100, 'auto' or None (off), got '100'"),
     ("--memory-warning 150",
      "--memory-warning must be a percentage between 0 and 100 (None: no warning), got '150'"),
     ("--memory-warning abc",

@@ -6,6 +6,7 @@ OOM-kill counter, the kernel's exit status, the prompt numbers the kernel
 gave, the box directory as listed by the test."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,7 +31,7 @@ WARNING = re.compile(r"nbmon: this kernel's container is at (\d+(?:\.\d+)?) % of
                      r"at the limit the kernel is killed")
 # Grows by 2 MiB every 25 ms (~80 MiB/s, a quick data loader): slow enough that the
 # last tenth of the limit lasts several of the warning's checks (0.25 s apart).
-FILL = ("%%resmon --label fill\n"
+FILL = ("%%resmon --label fill --memory-guard off\n"   # the kill itself, not the guard's stop
         "import time\n"
         "chunks = []\n"
         "while True:\n"
@@ -135,7 +136,14 @@ def limited_kernelspec(tmp_path, monkeypatch):
     """A kernel spec whose kernel runs in its own memory cgroup (limited to
     LIMIT_MB, no swap): as a kernel in a container does. Yields (kernel
     name, the group)."""
-    with MemoryCgroup(limit_mb=LIMIT_MB) as group:
+    with kernelspec_limited_to(LIMIT_MB, tmp_path, monkeypatch) as limited:
+        yield limited
+
+
+@contextlib.contextmanager
+def kernelspec_limited_to(limit_mb: float, tmp_path, monkeypatch):
+    """:func:`limited_kernelspec` at ``limit_mb``."""
+    with MemoryCgroup(limit_mb=limit_mb) as group:
         without_swap(group)
         spec = tmp_path / "jupyter" / "kernels" / "limited"
         spec.mkdir(parents=True)

@@ -33,6 +33,7 @@ from ..postmortem import deaths
 from ..postmortem.blackbox import SLOTS, BlackBox, CellNote
 from ..engine import Monitor
 from ..format import fmt, printable
+from ..postmortem.memguard import MemoryGuard
 from ..postmortem.memwarn import MemoryWatch
 from ..options import RECORD_OPEN_AFTER_S, RECORD_OPEN_MEMORY_MB, Options
 from ..report.render import html_table, text_table
@@ -130,7 +131,7 @@ class SessionHost(HostCalls, HostNotes):
         # Sampled from a thread of the host's process: the helper is the
         # process no GIL-held call of the kernel's can stall.
         monitor = Monitor(self.pid, options=Options.of(Options(**options) if options else None, backend="thread"))
-        watch_kernel(monitor, self.note, self.outlet.say)
+        watch_kernel(monitor, self.note, self.outlet.say, self.outlet.stop_cell)
         self.monitor, self._owner = monitor, owner
         return monitor, True
 
@@ -469,12 +470,17 @@ class SessionHost(HostCalls, HostNotes):
             self.monitor.stop()
 
 
-def watch_kernel(monitor: Monitor, note: CellNote, say=None) -> None:
+def watch_kernel(monitor: Monitor, note: CellNote, say=None, stop=None) -> None:
     """Give ``monitor`` (not started yet) the kernel's memory warning (its
-    lines to ``say``) and black box (``note`` names the running cell)."""
+    lines to ``say``), memory guard (its stops to ``stop``) and black box
+    (``note`` names the running cell)."""
     watch = MemoryWatch(monitor.pid, monitor.options.memory_warning_percent, say=say, running_cell=note.running)
+    if stop is not None:
+        monitor.attach(MemoryGuard(monitor.pid, monitor.options.memory_guard_percent, stop=stop,
+                                   running_cell=note.running))
     monitor.attach(watch)   # first: the box reads what it has just read
-    monitor.attach(BlackBox(note, watch, pid=monitor.pid))
+    guard = monitor.options.memory_guard_percent if stop is not None else None
+    monitor.attach(BlackBox(note, watch, pid=monitor.pid, guard=guard))
 
 
 def says_more(record: CellRecord) -> bool:

@@ -36,61 +36,64 @@ class Pipe:
             write_all(self.fd, data)
 
 
-class Lines:
-    """Lines sent on a thread of their own, started at need: whoever says
-    one (the consumers' thread, which writes the black box, for a memory
-    warning) never waits for the kernel to read it (its pipe full while a C
-    call holds its GIL). At most :data:`KEPT` lines wait, later ones are
-    dropped; the thread ends once :data:`IDLE_S` pass without one."""
+class Queued:
+    """Frames sent on a thread of their own, started at need: whoever sends
+    one (the consumers' thread, which writes the black box: a memory
+    warning, the memory guard's stop) never waits for the kernel to read it
+    (its pipe full while a C call holds its GIL). At most :data:`KEPT` wait,
+    later ones are dropped; the thread ends once :data:`IDLE_S` pass without one."""
 
     KEPT = 8
     IDLE_S = 1.0
 
     def __init__(self, pipe: Pipe):
         self.pipe = pipe
-        self._lines: queue.Queue[str] = queue.Queue(self.KEPT)
+        self._frames: queue.Queue[tuple[bytes, dict]] = queue.Queue(self.KEPT)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def put(self, text: str) -> None:
+    def put(self, kind: bytes, head: dict) -> None:
         try:
-            self._lines.put_nowait(text)
+            self._frames.put_nowait((kind, head))
         except queue.Full:
             return
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="nbmon-lines", daemon=True)
+                self._thread = threading.Thread(target=self._run, name="nbmon-queued", daemon=True)
                 self._thread.start()
 
     def _run(self) -> None:
         while True:
             try:
-                text = self._lines.get(timeout=self.IDLE_S)
+                kind, head = self._frames.get(timeout=self.IDLE_S)
             except queue.Empty:
                 with self._lock:
-                    if self._lines.empty():   # else a line came meanwhile: this thread takes it
+                    if self._frames.empty():   # else a frame came meanwhile: this thread takes it
                         self._thread = None
                         return
                 continue
             try:
-                self.pipe.send(b"P", {"text": text})
-            except OSError:   # the kernel is gone, and whom the line was for
+                self.pipe.send(kind, head)
+            except OSError:   # the kernel is gone, and whom the frame was for
                 pass
 
 
 class Outlet:
-    """What the host sends on its own: outputs shown or updated by display id,
-    lines for the running cell (:class:`Lines`)."""
+    """What the host sends on its own: outputs shown or updated by display id;
+    lines for the running cell and the memory guard's stops (:class:`Queued`)."""
 
     def __init__(self, pipe: Pipe):
         self.pipe = pipe
-        self.lines = Lines(pipe)
+        self.queued = Queued(pipe)
 
     def update(self, display_id: str, bundle: dict) -> None:
         self.pipe.send(b"U", {"display_id": display_id, "bundle": bundle})
 
     def say(self, text: str) -> None:
-        self.lines.put(text)
+        self.queued.put(b"P", {"text": text})
+
+    def stop_cell(self, number: int | None, text: str) -> None:
+        self.queued.put(b"G", {"cell": number, "text": text})
 
     def show(self, display_id: str, bundle: dict) -> None:
         self.pipe.send(b"D", {"display_id": display_id, "bundle": bundle})

@@ -32,6 +32,7 @@ from ..format import printable
 from ..options import DEFAULT_WINDOW_S, MAGIC, Options, check_interval
 from ..report.summary import ResourceSummary
 from ..launch import resident_mb
+from . import guard
 from .session import SESSION, options_dict
 
 SUBCOMMANDS = ("start", "stop", "status", "summary", "auto")
@@ -221,6 +222,9 @@ class _Outlet:
     def say(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
+    def stop_cell(self, number: int | None, text: str) -> None:
+        guard.stop(number, text)
+
 
 def _own_chart_output() -> bool:
     """Whether the live chart needs an output of its own: a front end that
@@ -381,6 +385,7 @@ class ResmonMagics(Magics):
             return
         source = info.raw_cell or ""
         number = prompt_number(self.shell, info)
+        guard.cell_runs(number)
         SESSION.notify("cell_started", number, first_line(source))
         if self.auto_threshold_s is not None and not source.lstrip().startswith("%%resmon"):
             # Cells shorter than the threshold are neither shown nor kept in the history; the
@@ -671,6 +676,7 @@ def load(ipython) -> None:
     magics = ResmonMagics(ipython)
     ipython.register_magics(magics)
     ipython.events.register("pre_run_cell", magics._cell_started)
+    ipython.events.register("post_execute", guard.cell_ran)
     ipython.events.register("post_run_cell", magics._cell_finished)
     _loaded[id(ipython)] = magics
     if SESSION.why_local:
@@ -688,6 +694,7 @@ def unload(ipython) -> None:
     if magics is not None:
         magics.close()
         ipython.events.unregister("pre_run_cell", magics._cell_started)
+        ipython.events.unregister("post_execute", guard.cell_ran)
         ipython.events.unregister("post_run_cell", magics._cell_finished)
         ipython.magics_manager.magics["line"].pop("resmon", None)
         ipython.magics_manager.magics["cell"].pop("resmon", None)

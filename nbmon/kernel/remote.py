@@ -199,6 +199,8 @@ class RemoteHost(HostCalls):
             self.outlet.show(head["display_id"], head["bundle"])
         elif kind == b"P":
             self.outlet.say(head["text"])
+        elif kind == b"G":
+            self.outlet.stop_cell(head["cell"], head["text"])
 
     def _open_comm(self, head, buffers) -> None:
         """The helper opened a widget's comm: open one of the kernel's with

@@ -42,6 +42,9 @@ class Outlet:
     def say(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
+    def stop_cell(self, number: int | None, text: str) -> None:
+        pass   # no cells to stop outside a notebook
+
 
 class Session:
     """``host``: where the session runs (None until :meth:`connect`)."""

@@ -358,6 +358,9 @@ def _checked_header(header) -> dict:
         raise BadBox("its header's cgroup is not a table of names")
     if header["pid"] <= 0 or header["started"] < 0:
         raise BadBox(f"its header names no process (pid {header['pid']}, start {header['started']})")
+    guard = header.setdefault("guard", None)   # boxes before the guard have none
+    if not (guard is None or guard == "auto" or (isinstance(guard, (int, float)) and not isinstance(guard, bool))):
+        raise BadBox(f"its header's 'guard' is {guard!r}, not a setting of the memory guard")
     return header
 
 
@@ -437,10 +440,12 @@ class BlackBox:
     name = "BlackBox"
     at_start = True
 
-    def __init__(self, cell: CellNote, memory=None, *, notebook: str | None = None, pid: int | None = None):
+    def __init__(self, cell: CellNote, memory=None, *, notebook: str | None = None, pid: int | None = None,
+                 guard: float | str | None = None):
         self.pid = os.getpid() if pid is None else pid   # the kernel's (the box may be kept by its helper)
         self.cell = cell
         self.memory = memory
+        self.guard = guard   # the memory guard's setting (Options.memory_guard_percent), for the post-mortem
         self.notebook = notebook_name() if notebook is None else notebook
         self.path: str | None = None
         self.writes = 0
@@ -521,7 +526,7 @@ class BlackBox:
                   "pid_ns": pid_namespace(), "uid": os.geteuid(), "created": time.time(),
                   "notebook": self.notebook, "cwd": _cwd(pid), "host": socket.gethostname(),
                   "cgroup": self.memory.cgroup if self.memory is not None else {},
-                  "fields": list(NAMES)}
+                  "fields": list(NAMES), "guard": self.guard}
         if header["started"] is None:
             raise OSError(f"cannot read this process's start time from /proc/{pid}/stat")
         path = os.path.join(box_dir(), f"{pid}-{header['started']}-{header['boot'][:8]}{SUFFIX}")

@@ -92,19 +92,28 @@ class Death:
     records: tuple = field(repr=False)
     path: str = field(default="", repr=False)
     held: dict | None = None     # the largest variables as of the last cell that ended (the box's)
+    guard: float | str | None = None   # the memory guard's setting ("auto", a percentage, None: off)
 
     def cause_text(self) -> str:
         if self.cause == OOM:
             if self.memory_limit_mb == self.memory_limit_mb:
                 return (f"killed by the container's OOM killer at {fmt(self.memory_used_mb, 'MiB')} "
-                        f"of its {fmt(self.memory_limit_mb, 'MiB')} memory limit")
+                        f"of its {fmt(self.memory_limit_mb, 'MiB')} memory limit{self._guard_text()}")
             return (f"killed by the OOM killer ({fmt(self.available_mb, 'MiB')} of the machine's "
-                    f"{fmt(self.total_mb, 'MiB')} were available)")
+                    f"{fmt(self.total_mb, 'MiB')} were available){self._guard_text(machine=True)}")
         if self.cause == HOST_RESTART:
             return "the host restarted while the kernel ran"
         seen = ("nbmon saw no OOM kill in its container" if self.oom_kills == self.oom_kills
                 else "whether the OOM killer struck cannot be told (its cgroup is gone)")
         return f"the kernel stopped without exiting normally (a signal, a crash, or its host); {seen}"
+
+    def _guard_text(self, machine: bool = False) -> str:
+        """Why the memory guard, where it watched, did not save the kernel."""
+        if self.guard is None or (machine and self.guard == "auto"):
+            return ""
+        return ("; the memory guard could not stop the cell in time: the memory went past the limit between "
+                "two of its reads (one large allocation), or the cell's code did not return to Python "
+                "(a C call holding the GIL)")
 
     def title(self) -> str:
         who = f"a kernel of {printable(os.path.basename(self.notebook))}" if self.notebook else "a kernel of yours"
@@ -223,7 +232,7 @@ def death_of(box: Box) -> Death:
         tree_memory_peak_mb=_peak(records, tree) if tree else math.nan,
         cpu_percent=_last(records, "proc_cpu_percent"), available_mb=_last(records, "sys_mem_available_mb"),
         total_mb=_last(records, "sys_mem_total_mb"), gpu_memory_mb=_last(records, "gpu_mem_used_mb"),
-        records=records, path=box.path, held=box.held)
+        records=records, path=box.path, held=box.held, guard=h["guard"])
 
 
 # -- the directory ---------------------------------------------------------------------

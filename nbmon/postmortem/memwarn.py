@@ -70,7 +70,7 @@ class Level:
                 f"when it runs out, the kernel may be killed")
 
 
-def _inactive_file_mb(dirs: dict[str, str]) -> float:
+def inactive_file_mb(dirs: dict[str, str]) -> float:
     """The container's inactive page cache (MiB), which the kernel reclaims before an OOM kill."""
     directory = dirs.get("memory")
     if not directory:
@@ -156,7 +156,7 @@ class MemoryWatch:
             self.container = None
         if used == used and limit == limit and limit > 0:
             near = self.percent is not None and 100.0 * used / limit >= self.percent - NEAR_POINTS
-            return Level(CONTAINER, max(0.0, used - _inactive_file_mb(self.cgroup)) if near else used, limit)
+            return Level(CONTAINER, max(0.0, used - inactive_file_mb(self.cgroup)) if near else used, limit)
         latest = store.latest()
         available, total = latest.get("sys_mem_available_mb", math.nan), latest.get("sys_mem_total_mb", math.nan)
         if available == available and total == total and total > 0:

@@ -1,0 +1,160 @@
+"""The memory guard: the running cell stopped before the OOM killer stops
+the kernel.
+
+In a container the kernel is killed when the container's memory reaches its
+limit, and hours of loaded data and trained state go with it. While a cell
+runs, :class:`MemoryGuard` reads the memory the OOM killer goes by (the
+container's usage less the page cache it reclaims first, as the warning
+does; the machine's used memory where there is no limit and the guard was
+asked for by a number) and, when it reaches the guard's line -- or would
+before the cell can be stopped, at the pace it grew since the last read --
+asks the kernel to stop the cell (``stop(number, text)``): the kernel raises
+``nbmon.MemoryGuardError`` (a ``MemoryError``) in the cell's code. The cell's
+frames unwind and free what they held; the kernel and its variables stay.
+
+Pace: every :data:`FAR_EVERY_S` while the line is far, every
+:data:`NEAR_EVERY_S` within :data:`NEAR_POINTS` of it (or at the pace of the
+last reads, within two far reads of it). A read is one small file (the page
+cache it leaves aside is read every :data:`CACHE_EVERY_S`): microseconds.
+
+It acts before the line when the memory grows fast: it leaves room for
+what comes before the cell can stop, at the pace of the last
+:data:`PACE_WINDOW_S` and at least the biggest step seen then (a loop that
+adds 25 MiB arrays is stopped a step early). It never acts between cells,
+never on a cell that has not grown by :data:`MIN_GROWTH_MB` itself (one that
+starts past the line is not to blame), never twice in a cell nor twice for
+one crossing (it re-arms once the memory is :data:`REARM_POINTS` below the
+line), and never on a figure it could not read (NaN). What it cannot stop: one
+allocation that takes the memory past the limit between two reads, and code
+that does not return to Python (a C call holding the GIL); the kernel is
+then killed as before, and :attr:`MemoryGuard.stops` says what it tried.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Callable
+
+from ..format import fmt
+from ..options import DEFAULT_MEMORY_GUARD_PERCENT, GUARD_AUTO
+from ..sources.cgroup import Cgroup
+from ..values import MIB
+from .memwarn import CONTAINER, LIMIT_EVERY_S, MACHINE, Level, inactive_file_mb
+
+FAR_EVERY_S = 0.25
+NEAR_EVERY_S = 0.02
+NEAR_POINTS = 15.0     # from this far below the line, read every NEAR_EVERY_S
+REARM_POINTS = 5.0     # a crossing ends this far below the line
+LEAD_S = 0.1           # from a read to the cell stopped: the next read and the kernel's reaction (loaded)
+CACHE_EVERY_S = 0.25   # the page cache the OOM killer leaves aside moves slowly: read this often
+PACE_WINDOW_S = 0.25   # the pace, and the biggest step, over the reads of this long
+MIN_GROWTH_MB = 4.0    # a cell stopped has grown at least this much itself (not one that started past the line)
+STOPS_KEPT = 32
+
+
+class MemoryGuard:
+    """A consumer that stops the running cell of process ``pid`` when the
+    memory that can kill it reaches ``percent`` of the limit ("auto": the
+    default share, where a container's limit is known; None: never).
+    ``running_cell()`` names the running cell ((number, start), None between
+    cells); ``stop(number, text)`` asks the kernel to stop cell ``number``.
+    ``stops``: (epoch s, Level, number) of the last stops asked for."""
+
+    name = "MemoryGuard"
+    at_start = True
+
+    def __init__(self, pid: int, percent: float | str | None, *, stop: Callable[[int | None, str], None],
+                 running_cell: Callable[[], tuple | None]):
+        self.percent = percent
+        self.stop = stop
+        self.running_cell = running_cell
+        self.stops: deque[tuple[float, Level, int | None]] = deque(maxlen=STOPS_KEPT)
+        self._source = Cgroup(pid)
+        self._source.start(0.0)
+        self._cgroup = dict(self._source.dirs)
+        self._reads: deque[tuple[float, float]] = deque()   # (monotonic s, used MiB) of the last PACE_WINDOW_S
+        self._cell = None              # the running cell as last read, and its memory then
+        self._cell_start_mb = math.nan
+        self._limit: tuple[float, float] = (-math.inf, math.nan)   # (monotonic s, MiB) as last read
+        self._cache: tuple[float, float] = (-math.inf, 0.0)         # (monotonic s, inactive page cache MiB)
+        self._near = False
+        self._armed = True
+        self._stopped_in = None
+
+    @property
+    def every_s(self) -> float:
+        return NEAR_EVERY_S if self._near else FAR_EVERY_S
+
+    def consume(self, store, final: bool) -> None:
+        if self.percent is None or final:
+            return
+        level = self._read()
+        if level is None:
+            self._near = False
+            self._reads.clear()
+            return
+        now, used = time.monotonic(), level.used_mb
+        reads = self._reads
+        reads.append((now, used))
+        while now - reads[0][0] > PACE_WINDOW_S:
+            reads.popleft()
+        pace = (used - reads[0][1]) / (now - reads[0][0]) if now > reads[0][0] else 0.0
+        # Room for what comes before the cell can stop: at its pace, and at least its biggest step lately.
+        step = max((b[1] - a[1] for a, b in zip(reads, list(reads)[1:])), default=0.0)
+        room = max(pace * LEAD_S, step) if pace > 0 else 0.0
+        line = level.limit_mb * self._share() / 100.0
+        points = 100.0 * (line - used) / level.limit_mb
+        self._near = points <= NEAR_POINTS or used + room + 2 * FAR_EVERY_S * max(pace, 0.0) >= line
+        if points >= REARM_POINTS:
+            self._armed = True
+        cell = self.running_cell()
+        if cell is None:
+            return
+        if cell != self._cell:   # a new cell: what it grows is counted from here
+            self._cell, self._cell_start_mb = cell, used
+        if not self._armed or cell == self._stopped_in or used - self._cell_start_mb < MIN_GROWTH_MB:
+            return
+        if used + room >= line:
+            self._armed, self._stopped_in = False, cell
+            self.stops.append((time.time(), level, cell[0]))
+            self.stop(cell[0], stop_text(level))
+
+    def close(self) -> None:
+        pass
+
+    def _share(self) -> float:
+        return DEFAULT_MEMORY_GUARD_PERCENT if self.percent == GUARD_AUTO else float(self.percent)
+
+    def _read(self) -> Level | None:
+        """The memory that can kill the kernel now (None where unknown, or
+        with "auto" and no container's limit)."""
+        source = self._source
+        if self._cgroup.get("memory"):
+            now = time.monotonic()
+            if now - self._limit[0] >= LIMIT_EVERY_S:
+                self._limit = (now, source._memory_limit() / MIB)
+            if now - self._cache[0] >= CACHE_EVERY_S:
+                self._cache = (now, inactive_file_mb(self._cgroup))
+            used, limit = source._memory_used() / MIB, self._limit[1]
+            if used == used and limit == limit and limit > 0:
+                return Level(CONTAINER, max(0.0, used - self._cache[1]), limit)
+        if self.percent == GUARD_AUTO:
+            return None
+        try:
+            with open("/proc/meminfo", "rb") as f:
+                info = {line.split(b":")[0]: int(line.split()[1]) for line in f}
+            total, available = info[b"MemTotal"] / 1024.0, info[b"MemAvailable"] / 1024.0
+        except (OSError, KeyError, ValueError, IndexError):
+            return None
+        return Level(MACHINE, total - available, total) if total > 0 and not math.isnan(available) else None
+
+
+def stop_text(level: Level) -> str:
+    """What the stopped cell's MemoryGuardError says."""
+    if level.kind == CONTAINER:
+        return (f"nbmon stopped this cell at {fmt(level.used_mb, 'MiB')} of the container's "
+                f"{fmt(level.limit_mb, 'MiB')} memory limit, before the OOM killer would kill the kernel; "
+                f"your variables are kept")
+    return (f"nbmon stopped this cell at {fmt(level.used_mb, 'MiB')} of the machine's "
+            f"{fmt(level.limit_mb, 'MiB')} memory, before the kernel would run out of it; your variables are kept")
