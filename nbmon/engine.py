@@ -296,6 +296,13 @@ class Monitor:
         if rest is not None:
             rest(resting, every_s)
 
+    def hurry(self, consumer) -> None:
+        """Call ``consumer`` (attached) as soon as the consumer thread can,
+        not at its next turn: for one that must see an event at once."""
+        thread = self._consumer_thread
+        if thread is not None:
+            thread.hurry(consumer)
+
     def sample_now(self) -> bool:
         """Take one sample now, from the calling thread; False if not running."""
         return self._sampler is not None and self._sampler.sample_now()

@@ -224,14 +224,17 @@ del held[-3:]
 """
 
 
-def test_a_kernel_out_of_descriptors_runs_its_cells_and_is_told_in_one_line():
+def test_a_kernel_out_of_descriptors_runs_its_cells_and_is_told_in_one_line(tmp_path):
     """A real kernel whose code took all its descriptors but three. Before,
     ``%%resmon`` raised OSError [Errno 24] into the cell (which did not run)
     and ``%resmon start`` aborted the kernel (SIGABRT: pyzmq could not open
     the socket that plotly's bundle needed)."""
     from test_postmortem import Kernel, html_of, stderr_of, stdout_of
 
+    stacks = tmp_path / "stacks.txt"   # where the kernel's threads were, were it terminated (once on CI)
     with Kernel("descriptors.ipynb") as kernel:
+        kernel.run(f"import faulthandler, signal\n_stacks = open({str(stacks)!r}, 'w')\n"
+                   f"faulthandler.register(signal.SIGTERM, file=_stacks, all_threads=True, chain=True)")
         kernel.run("%load_ext nbmon")
         kernel.run(EXHAUST)
         for line in ("%%resmon\nran = 'yes'", "%resmon start", "%resmon auto on", "%resmon start --backend thread"):
@@ -242,7 +245,8 @@ def test_a_kernel_out_of_descriptors_runs_its_cells_and_is_told_in_one_line():
         assert stdout_of(kernel.run("print(ran)")) == "yes\n"
         kernel.run("for fd in held:\n    os.close(fd)")
         assert any("nbmon-summary" in h for h in html_of(kernel.run("%%resmon\nx = 1")))
-    assert kernel.process.wait(30) == 0
+    code = kernel.process.wait(30)
+    assert code == 0, f"exit {code}; its threads when terminated:\n{stacks.read_text()}"
 
 
 # -- a full /dev/shm, a full disk ---------------------------------------------------

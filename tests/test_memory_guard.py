@@ -6,6 +6,9 @@ nbmon: the kernel's process (the same one, alive), the cgroup's own OOM-kill
 counter and usage, the variables the cells made."""
 from __future__ import annotations
 
+import os
+from types import SimpleNamespace
+
 import pytest
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
@@ -109,3 +112,43 @@ def test_one_allocation_past_the_limit_is_killed_and_the_postmortem_says_why(pri
         (record,) = postmortems(second.run("%load_ext nbmon"))
     assert "killed by the container&#x27;s OOM killer" in record, record
     assert "the memory guard could not stop the cell in time" in record, record
+
+
+
+@pytest.mark.parametrize("rate_mb_s", [100, 500, 1000])
+def test_a_fast_cell_is_stopped_before_the_line_whenever_the_reads_fall(monkeypatch, rate_mb_s):
+    """The guard's decision over a made-up clock and memory (a real cgroup
+    cannot be timed to the millisecond): a cell that grows at ``rate_mb_s``
+    in 25 MiB steps from 150 MiB of a 400 MiB limit, the guard called as the
+    consumer thread calls it (``every_s`` apart, a millisecond late; 5 ms
+    after the cell starts, hurried by its note), for every phase of the
+    reads against the cell's start. The stop is asked before the memory
+    reaches the line, and a kernel that takes 50 ms to stop (the grow
+    loop's sleep) stops under the limit. Before, reads 0.25 s apart gave
+    no pace (the window's length), the cell's growth counted from the
+    guard's first read of it, and a read that leapt past the near band
+    left the limit reached unasked."""
+    from nbmon.postmortem import memguard
+    from nbmon.postmortem.memwarn import CONTAINER, Level
+
+    step_mb, start_mb, limit_mb, started = 25.0, 150.0, 400.0, 100.3
+    line_mb = limit_mb * memguard.DEFAULT_MEMORY_GUARD_PERCENT / 100
+
+    def used_at(t):
+        return start_mb + (0 if t < started else step_mb * (1 + int((t - started) * rate_mb_s / step_mb)))
+
+    for phase_ms in range(0, 250, 10):
+        clock, stopped = [100.0 + phase_ms / 1000], []
+        monkeypatch.setattr(memguard, "time", SimpleNamespace(monotonic=lambda: clock[0], time=lambda: clock[0]))
+        guard = memguard.MemoryGuard(os.getpid(), "auto", stop=lambda number, text: stopped.append(clock[0]),
+                                     running_cell=lambda: (7, started) if clock[0] >= started else None)
+        monkeypatch.setattr(guard, "_read", lambda: Level(CONTAINER, used_at(clock[0]), limit_mb))
+        hurried = False
+        while not stopped and used_at(clock[0]) < limit_mb:
+            guard.consume(None, False)
+            clock[0] += guard.every_s + 0.001
+            if not hurried and clock[0] > started + 0.005:
+                clock[0], hurried = max(started + 0.005, clock[0] - guard.every_s - 0.001), True
+        assert stopped, f"phase {phase_ms} ms: the limit reached, no stop asked"
+        assert used_at(stopped[0]) < line_mb, f"phase {phase_ms} ms: asked past the line"
+        assert used_at(stopped[0] + 0.05) < limit_mb, f"phase {phase_ms} ms: too late for the kernel"

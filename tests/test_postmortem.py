@@ -74,8 +74,8 @@ class Kernel:
         self.process = self.client.km.provisioner.process
         self.pid = self.process.pid
         # A graceful shutdown may take more than jupyter_client's 5 s on a loaded
-        # machine; after that it sends SIGTERM, and an exit of its own accord reads -15.
-        self.client.km.shutdown_wait_time = 30.0
+        # machine; after half of this it sends SIGTERM, and an exit of its own accord reads -15.
+        self.client.km.shutdown_wait_time = 60.0
         return self
 
     def __exit__(self, *exc) -> None:

@@ -160,6 +160,34 @@ def test_a_sink_attached_to_a_running_monitor_gets_every_sample_of_the_run():
     assert forward.sent == len(got) == mon.store.seq and forward.lost == 0
 
 
+def test_a_hurried_consumer_is_called_at_once_not_at_its_turn():
+    """The memory guard is hurried as a cell starts: a consumer due every
+    hour is called once as the run starts, then again only when hurried."""
+    called = []
+
+    class Hourly:
+        every_s, at_start = 3600.0, True
+
+        def consume(self, store, final):
+            called.append(final)
+
+        def close(self):
+            pass
+
+    mon = Monitor(interval=0.05, gpu=False, system=False)
+    hourly = mon.attach(Hourly())
+    mon.start()
+    try:
+        wait_until(lambda: called == [False], what="the call at the run's start")
+        wait_until(lambda: mon.store.seq >= 5, what="5 samples")
+        assert called == [False]
+        mon.hurry(hourly)
+        wait_until(lambda: called == [False, False], what="the hurried call")
+    finally:
+        assert mon.stop(timeout=10)
+    assert called == [False, False, True]
+
+
 @pytest.mark.parametrize("lines", [5, 40, 120])
 def test_sigkill_mid_run_leaves_only_whole_lines(tmp_path, lines):
     path = tmp_path / "killed.csv"

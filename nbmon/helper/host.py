@@ -93,6 +93,7 @@ class SessionHost(HostCalls, HostNotes):
     def __init__(self, pid: int, outlet, *, kernel: bool):
         self.pid, self.outlet, self.kernel = pid, outlet, kernel
         self.monitor: Monitor | None = None
+        self._guard: MemoryGuard | None = None   # the monitor's memory guard: called at once as a cell starts
         self.records: list[CellRecord] = []
         self.last: ResourceSummary | None = None
         self.note = CellNote()   # the running cell, for the black box and the memory warning
@@ -131,7 +132,7 @@ class SessionHost(HostCalls, HostNotes):
         # Sampled from a thread of the host's process: the helper is the
         # process no GIL-held call of the kernel's can stall.
         monitor = Monitor(self.pid, options=Options.of(Options(**options) if options else None, backend="thread"))
-        watch_kernel(monitor, self.note, self.outlet.say, self.outlet.stop_cell)
+        self._guard = watch_kernel(monitor, self.note, self.outlet.say, self.outlet.stop_cell)
         self.monitor, self._owner = monitor, owner
         return monitor, True
 
@@ -233,6 +234,8 @@ class SessionHost(HostCalls, HostNotes):
         self.note.started(number, label)
         if self.monitor is not None:
             self.monitor.rest(False)
+            if self._guard is not None:   # a cell may grow fast from its first step
+                self.monitor.hurry(self._guard)
             if self.views:
                 from ..views.dashboard import keep_cells
 
@@ -470,17 +473,18 @@ class SessionHost(HostCalls, HostNotes):
             self.monitor.stop()
 
 
-def watch_kernel(monitor: Monitor, note: CellNote, say=None, stop=None) -> None:
+def watch_kernel(monitor: Monitor, note: CellNote, say=None, stop=None) -> MemoryGuard | None:
     """Give ``monitor`` (not started yet) the kernel's memory warning (its
-    lines to ``say``), memory guard (its stops to ``stop``) and black box
-    (``note`` names the running cell)."""
+    lines to ``say``), memory guard (its stops to ``stop``; returned) and
+    black box (``note`` names the running cell)."""
     watch = MemoryWatch(monitor.pid, monitor.options.memory_warning_percent, say=say, running_cell=note.running)
+    guard = None
     if stop is not None:
-        monitor.attach(MemoryGuard(monitor.pid, monitor.options.memory_guard_percent, stop=stop,
-                                   running_cell=note.running))
+        guard = monitor.attach(MemoryGuard(monitor.pid, monitor.options.memory_guard_percent, stop=stop,
+                                           running_cell=note.running))
     monitor.attach(watch)   # first: the box reads what it has just read
-    guard = monitor.options.memory_guard_percent if stop is not None else None
-    monitor.attach(BlackBox(note, watch, pid=monitor.pid, guard=guard))
+    monitor.attach(BlackBox(note, watch, pid=monitor.pid, guard=guard.percent if guard is not None else None))
+    return guard
 
 
 def says_more(record: CellRecord) -> bool:

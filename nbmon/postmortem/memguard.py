@@ -12,10 +12,11 @@ asks the kernel to stop the cell (``stop(number, text)``): the kernel raises
 ``nbmon.MemoryGuardError`` (a ``MemoryError``) in the cell's code. The cell's
 frames unwind and free what they held; the kernel and its variables stay.
 
-Pace: every :data:`FAR_EVERY_S` while the line is far, every
-:data:`NEAR_EVERY_S` within :data:`NEAR_POINTS` of it (or at the pace of the
-last reads, within two far reads of it). A read is one small file (the page
-cache it leaves aside is read every :data:`CACHE_EVERY_S`): microseconds.
+Pace: every :data:`FAR_EVERY_S` between cells, every :data:`CELL_EVERY_S`
+while a cell runs (and at once as it starts: the session hurries it), every
+:data:`NEAR_EVERY_S` within :data:`NEAR_POINTS` of the line (or at the pace
+of the last reads, within two reads of it). A read is one small file (the
+page cache it leaves aside is read every :data:`CACHE_EVERY_S`): microseconds.
 
 It acts before the line when the memory grows fast: it leaves room for
 what comes before the cell can stop, at the pace of the last
@@ -42,7 +43,8 @@ from ..sources.cgroup import Cgroup
 from ..values import MIB
 from .memwarn import CONTAINER, LIMIT_EVERY_S, MACHINE, Level, inactive_file_mb
 
-FAR_EVERY_S = 0.25
+FAR_EVERY_S = 0.25     # between cells (it never acts there)
+CELL_EVERY_S = 0.05    # while a cell runs, the line far: 1 GiB/s grows 50 MiB between reads
 NEAR_EVERY_S = 0.02
 NEAR_POINTS = 15.0     # from this far below the line, read every NEAR_EVERY_S
 REARM_POINTS = 5.0     # a crossing ends this far below the line
@@ -73,46 +75,52 @@ class MemoryGuard:
         self._source = Cgroup(pid)
         self._source.start(0.0)
         self._cgroup = dict(self._source.dirs)
-        self._reads: deque[tuple[float, float]] = deque()   # (monotonic s, used MiB) of the last PACE_WINDOW_S
+        self._reads: deque[tuple[float, float]] = deque()   # (monotonic s, used MiB): the window's and one before
         self._cell = None              # the running cell as last read, and its memory then
         self._cell_start_mb = math.nan
         self._limit: tuple[float, float] = (-math.inf, math.nan)   # (monotonic s, MiB) as last read
         self._cache: tuple[float, float] = (-math.inf, 0.0)         # (monotonic s, inactive page cache MiB)
-        self._near = False
+        self._near = self._cell_runs = False
         self._armed = True
         self._stopped_in = None
 
     @property
     def every_s(self) -> float:
-        return NEAR_EVERY_S if self._near else FAR_EVERY_S
+        return NEAR_EVERY_S if self._near else CELL_EVERY_S if self._cell_runs else FAR_EVERY_S
 
     def consume(self, store, final: bool) -> None:
         if self.percent is None or final:
             return
         level = self._read()
         if level is None:
-            self._near = False
+            self._near = self._cell_runs = False
             self._reads.clear()
             return
         now, used = time.monotonic(), level.used_mb
         reads = self._reads
+        before_mb = reads[-1][1] if reads else used
         reads.append((now, used))
-        while now - reads[0][0] > PACE_WINDOW_S:
+        # The reads of the window and the one before it: a pace over far reads (their interval is the window's).
+        while len(reads) > 2 and now - reads[1][0] > PACE_WINDOW_S:
             reads.popleft()
-        pace = (used - reads[0][1]) / (now - reads[0][0]) if now > reads[0][0] else 0.0
-        # Room for what comes before the cell can stop: at its pace, and at least its biggest step lately.
-        step = max((b[1] - a[1] for a, b in zip(reads, list(reads)[1:])), default=0.0)
+        since = reads[1] if len(reads) > 2 else reads[0]   # the window's first read; over far reads, the one before
+        pace = (used - since[1]) / (now - since[0]) if now > since[0] else 0.0
+        # Room for what comes before the cell can stop: at its pace, and at least its biggest
+        # step between near reads lately (one far read's growth is no one allocation's).
+        window = list(reads)[1:]
+        step = max((b[1] - a[1] for a, b in zip(window, window[1:])), default=0.0)
         room = max(pace * LEAD_S, step) if pace > 0 else 0.0
         line = level.limit_mb * self._share() / 100.0
         points = 100.0 * (line - used) / level.limit_mb
-        self._near = points <= NEAR_POINTS or used + room + 2 * FAR_EVERY_S * max(pace, 0.0) >= line
         if points >= REARM_POINTS:
             self._armed = True
         cell = self.running_cell()
+        self._cell_runs = cell is not None
+        self._near = points <= NEAR_POINTS or used + room + 2 * self.every_s * max(pace, 0.0) >= line
         if cell is None:
             return
-        if cell != self._cell:   # a new cell: what it grows is counted from here
-            self._cell, self._cell_start_mb = cell, used
+        if cell != self._cell:   # a new cell, seen since the last read: it grew from then at most
+            self._cell, self._cell_start_mb = cell, min(used, before_mb)
         if not self._armed or cell == self._stopped_in or used - self._cell_start_mb < MIN_GROWTH_MB:
             return
         if used + room >= line:

@@ -171,6 +171,13 @@ class ConsumerThread:
             self._due[id(consumer)] = _first_due(consumer, time.monotonic())
             self._cond.notify()
 
+    def hurry(self, consumer) -> None:
+        """Make ``consumer`` due now."""
+        with self._cond:
+            if id(consumer) in self._due:
+                self._due[id(consumer)] = time.monotonic()
+                self._cond.notify()
+
     def stop(self) -> None:
         """Ask for the final round; returns at once."""
         with self._cond:
