@@ -116,7 +116,8 @@ class MemoryGuard:
             self._armed = True
         cell = self.running_cell()
         self._cell_runs = cell is not None
-        self._near = points <= NEAR_POINTS or used + room + 2 * self.every_s * max(pace, 0.0) >= line
+        apart = CELL_EVERY_S if self._cell_runs else FAR_EVERY_S   # the reads' interval when not near
+        self._near = points <= NEAR_POINTS or used + room + 2 * apart * max(pace, 0.0) >= line
         if cell is None:
             return
         if cell != self._cell:   # a new cell, seen since the last read: it grew from then at most
