@@ -37,7 +37,9 @@ class RealKernel:
 
     def run(self, code: str) -> str:
         """Execute ``code``; its stdout. Its displays are in :attr:`outputs`, its stderr in :attr:`stderr`."""
-        msg_id = self.kc.execute(code)
+        # stop_on_error=False: after an error ipykernel < 7 aborts the requests that come
+        # within its abort window ("aborted", no error), as a quick next run() may.
+        msg_id = self.kc.execute(code, stop_on_error=False)
         out, err, self.outputs, self.error = [], [], [], None
         while True:
             msg = self.kc.get_iopub_msg(timeout=TIMEOUT_S)
