@@ -234,13 +234,22 @@ def test_a_box_beyond_the_fd_budget_holds_no_descriptor_and_is_written_all_the_s
     assert got["writes"] >= 3 and got["records"] >= 2 and got["cell"] == 7 and got["faults"] == [], got
 
 
-def test_a_box_closed_at_exit_stays_closed_while_the_sampler_runs_on(boxes):
+def test_a_box_closed_at_exit_stays_closed_while_the_sampler_runs_on(boxes, monkeypatch):
     # At exit the monitor's threads (daemons) still run until the interpreter
     # stops them; a consume() after the exit hook must not open a new box,
     # which no one would remove (the next kernel would read a normal exit as a death).
+    # The box's file is slow to fill here: the exit hook comes while the box is
+    # being opened (once on CI, the box stayed).
     from nbmon.postmortem.blackbox import CellNote
     from nbmon.helper.host import watch_kernel
 
+    fallocate = os.posix_fallocate
+
+    def slow_fallocate(fd, offset, length):
+        time.sleep(0.3)
+        fallocate(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", slow_fallocate)
     monitor = Monitor(interval=0.05, gpu=False)
     watch_kernel(monitor, CellNote())
     with monitor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -246,7 +247,15 @@ def test_a_kernel_out_of_descriptors_runs_its_cells_and_is_told_in_one_line(tmp_
         kernel.run("for fd in held:\n    os.close(fd)")
         assert any("nbmon-summary" in h for h in html_of(kernel.run("%%resmon\nx = 1")))
     code = kernel.process.wait(30)
-    assert code == 0, f"exit {code}; its threads when terminated:\n{stacks.read_text()}"
+    seen = stacks.read_text()
+    # ipykernel's own shutdown race, twice on CI: its control thread's last 'idle' status
+    # is handed to the IOPub thread as that thread ends, the send blocks for good, and the
+    # main thread waits on the control thread until jupyter_client's SIGTERM (ipykernel
+    # #1518, positron#7142). Any other end, or nbmon on a stack, fails.
+    ipykernel_race = (code == -signal.SIGTERM and re.search(r'iostream\.py", line \d+ in schedule', seen)
+                      and re.search(r'kernelapp\.py", line \d+ in close', seen))
+    assert code == 0 or ipykernel_race, f"exit {code}; its threads when terminated:\n{seen}"
+    assert "/nbmon/" not in seen, seen
 
 
 # -- a full /dev/shm, a full disk ---------------------------------------------------

@@ -227,7 +227,10 @@ def test_a_segment_three_processes_map_counts_once(tmp_path):
             work.close()
             os.unlink(prefix)
         container_peak = group.peak_mb()   # the segment is charged once, to its creator's group
-    assert within(summary.peak_mem_mb, container_peak), (summary.peak_mem_mb, container_peak)
+    # The group's peak is a floor: it has the segment once but not the library pages that
+    # other groups read into the page cache first (each reader's Python and numpy; CI: 545
+    # MiB against the tree's 620). The summed PSS is the ceiling.
+    assert summary.peak_mem_mb >= container_peak * 0.95 - 40, (summary.peak_mem_mb, container_peak)
     assert summary.peak_mem_mb <= truth.max_mb + 40, (summary.peak_mem_mb, truth.max_mb)
     assert summary.peak_mem_mb < 500 * 1.5, summary          # was 3.1x the segment
     assert summary.peak_rss_mb > 1400, summary              # each mapper's RSS counts it whole

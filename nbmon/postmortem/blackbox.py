@@ -420,7 +420,9 @@ class _Second:
             self.n[i] = n + len(known)
 
 
-_open_boxes: "weakref.WeakSet[BlackBox]" = weakref.WeakSet()
+# Every box made in this process, open or not: the exit hook closes each for good, one
+# being opened on the consumers' thread included (it waits for that box's lock).
+_every_box: "weakref.WeakSet[BlackBox]" = weakref.WeakSet()
 
 
 class BlackBox:
@@ -465,6 +467,7 @@ class BlackBox:
         self._rows = np.zeros(0, dtype=int)
         self._container_at = [NAMES.index(c) for c in CONTAINER]
         self._container = [math.nan] * len(CONTAINER)   # this second's: highest usage, last limit, most kills
+        _every_box.add(self)
 
     @property
     def _near(self) -> bool:
@@ -552,7 +555,6 @@ class BlackBox:
         self._rows = np.array([columns.index(n) for n in present], dtype=int)
         self._take = [present.index(n) if n in present else None for n in NAMES]
         self.cell.watch(self)
-        _open_boxes.add(self)
         self._write_cell_locked()
         if self.cell.held is not None:
             self._write_held_locked()
@@ -624,7 +626,6 @@ class BlackBox:
             os.close(fd)
             BUDGET.give_back(1)
         self.cell.unwatch(self)
-        _open_boxes.discard(self)
 
 
 def _cwd(pid: int) -> str:
@@ -645,13 +646,13 @@ def _remove(path: str) -> None:
 def _remove_at_exit() -> None:
     """A kernel that exits normally leaves no box (the consumers' thread is a
     daemon: its close() would not run)."""
-    for box in list(_open_boxes):
+    for box in list(_every_box):
         box.close(exiting=True)
 
 
 def _forget_in_child() -> None:
     # A forked child is not the kernel: it never writes nor removes the kernel's box.
-    for box in list(_open_boxes):
+    for box in list(_every_box):
         box._lock = threading.Lock()
         fd, box._fd, box.path, box._store = box._fd, None, None, None
         box._broken = True
@@ -660,7 +661,7 @@ def _forget_in_child() -> None:
                 os.close(fd)
             except OSError:
                 pass
-    _open_boxes.clear()
+    _every_box.clear()
 
 
 if hasattr(os, "register_at_fork"):
