@@ -165,7 +165,8 @@ class Options:
     ``memory_guard_percent``: the notebook stops the running cell at this
     share of the limit, before the OOM killer stops the kernel ("auto": 95
     where a container's limit is known; None: never;
-    :mod:`nbmon.postmortem.memguard`). ``variables``:
+    :mod:`nbmon.postmortem.memguard`); ``nbmon run`` sends the command
+    SIGINT, and only where the flag is given. ``variables``:
     in a notebook, the kernel sizes its variables at each cell's end, for
     the cell's record and the black box (:mod:`nbmon.kernel.namespace`).
     """
@@ -190,10 +191,11 @@ class Options:
                             f"(without one: the machine's); default {DEFAULT_MEMORY_WARNING_PERCENT:g}, off: never",
         "P", parse=_percent_text, offered=(MAGIC,)))
     memory_guard_percent: float | str | None = option(GUARD_AUTO, check_guard_percent, Flag(
-        "--memory-guard", "stop the running cell (MemoryGuardError) once the container's memory reaches P "
-                          "percent of its limit, before the OOM killer kills the kernel (a number: also on a "
-                          f"machine with no limit); default auto: {DEFAULT_MEMORY_GUARD_PERCENT:g} where a "
-                          "container's limit is known; off: never", "P", parse=_guard_text, offered=(MAGIC,)))
+        "--memory-guard", "stop the running cell (MemoryGuardError; nbmon run: SIGINT to the command) once "
+                          "the container's memory reaches P percent of its limit, before the OOM killer kills "
+                          "the kernel (a number: also on a machine with no limit); default auto: "
+                          f"{DEFAULT_MEMORY_GUARD_PERCENT:g} where a container's limit is known (nbmon run: off); "
+                          "off: never", "P", parse=_guard_text))
     variables: bool = option(True, check_bool, Flag(
         "--no-variables", "do not size the notebook's variables at each cell's end (what grew, what the "
                           "post-mortem names)", offered=(MAGIC,)))

@@ -7,12 +7,18 @@ counter and usage, the variables the cells made."""
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
-from test_postmortem import Kernel, kernelspec_limited_to, postmortems, private_dir, stdout_of  # noqa: F401 - a fixture
+from cgroups import MemoryCgroup
+from test_postmortem import (Kernel, kernelspec_limited_to, postmortems, private_dir,  # noqa: F401 - a fixture
+                             stderr_of, stdout_of, without_swap)
 
 LIMIT_MB = 400
 # Grows by 25 MiB every 50 ms, in its own frame: stopped, what it held goes as it unwinds.
@@ -140,8 +146,8 @@ def test_a_fast_cell_is_stopped_before_the_line_whenever_the_reads_fall(monkeypa
     for phase_ms in range(0, 250, 10):
         clock, stopped = [100.0 + phase_ms / 1000], []
         monkeypatch.setattr(memguard, "time", SimpleNamespace(monotonic=lambda: clock[0], time=lambda: clock[0]))
-        guard = memguard.MemoryGuard(os.getpid(), "auto", stop=lambda number, text: stopped.append(clock[0]),
-                                     running_cell=lambda: (7, started) if clock[0] >= started else None)
+        guard = memguard.MemoryGuard(os.getpid(), "auto", stop=lambda number, level: stopped.append(clock[0]),
+                                     running_cell=lambda: (7, started, "") if clock[0] >= started else None)
         monkeypatch.setattr(guard, "_read", lambda: Level(CONTAINER, used_at(clock[0]), limit_mb))
         hurried = False
         while not stopped and used_at(clock[0]) < limit_mb:
@@ -152,3 +158,132 @@ def test_a_fast_cell_is_stopped_before_the_line_whenever_the_reads_fall(monkeypa
         assert stopped, f"phase {phase_ms} ms: the limit reached, no stop asked"
         assert used_at(stopped[0]) < line_mb, f"phase {phase_ms} ms: asked past the line"
         assert used_at(stopped[0] + 0.05) < limit_mb, f"phase {phase_ms} ms: too late for the kernel"
+
+
+# 150 MiB in 25 MiB steps, held a moment and given back; stopped or not, it ends quietly.
+TRANSIENT = ("%%resmon --label transient\n"
+             "def transient():\n"
+             "    chunks = []\n"
+             "    for _ in range(6):\n"
+             "        chunks.append(np.ones(25 << 17))\n"
+             "        time.sleep(0.05)\n"
+             "    time.sleep(0.3)\n"
+             "try:\n"
+             "    transient()\n"
+             "except MemoryError:\n"
+             "    pass")
+FORESIGHT = re.compile(r"^nbmon: (?:this cell grew by|the memory guard stopped this cell last time, after it "
+                       r"grew by) ([\d.]+) MiB.*; ([\d.]+) MiB is free below the container's 400 MiB memory limit$")
+
+
+def test_a_cell_that_needs_more_than_is_free_is_told_so_the_second_time(private_dir, guarded, tmp_path):
+    """Foresight, in a real kernel in a 400 MiB cgroup: a cell that grew by
+    150 MiB runs once with room (no line), then, with memory held so that
+    about 100 MiB is free (read by the test from the cgroup), again: one line
+    as it starts, with what it grew and what is free."""
+    kernel_name, group = guarded
+    with Kernel(str(tmp_path / "foresight.ipynb"), kernel_name) as kernel:
+        kernel.run("%load_ext nbmon")
+        kernel.run("import time\nimport numpy as np")
+        first = kernel.run(TRANSIENT)
+        assert not [line for line in stderr_of(first).splitlines() if FORESIGHT.match(line)], first.outputs
+        # Held in 5 MiB steps: one allocation this large, this near the line, is stopped as it comes.
+        kernel.run(f"held = []\nfor _ in range({int(LIMIT_MB - 100 - group.usage_mb()) // 5}):\n"
+                   f"    held.append(np.ones(5 << 17))\n    time.sleep(0.02)")
+        free_mb = LIMIT_MB - group.usage_mb()
+        second = kernel.run(TRANSIENT)
+        told = [FORESIGHT.match(line) for line in stderr_of(second).splitlines() if FORESIGHT.match(line)]
+        assert len(told) == 1, second.outputs
+        grown_mb, said_free_mb = map(float, told[0].groups())
+        assert 100 <= grown_mb <= 160 and abs(said_free_mb - free_mb) <= 30, (grown_mb, said_free_mb, free_mb)
+        assert kernel.process.poll() is None
+
+
+# -- nbmon run ---------------------------------------------------------------------
+
+# Grows by 25 MiB every 50 ms; a Ctrl-C (SIGINT) ends it with what it held and exit code 3.
+COMMAND_GROWS = ("import time\n"
+                 "import numpy as np\n"
+                 "chunks = []\n"
+                 "try:\n"
+                 "    while True:\n"
+                 "        chunks.append(np.ones(25 << 17))\n"
+                 "        time.sleep(0.05)\n"
+                 "except KeyboardInterrupt:\n"
+                 "    print(len(chunks) * 25)\n"
+                 "    raise SystemExit(3)")
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "no-guard"])
+def test_nbmon_run_interrupts_a_command_before_its_containers_limit(guard):
+    """``nbmon run --memory-guard auto`` in a 400 MiB cgroup the test makes
+    (nbmon and the command in it, as in a container): the command gets SIGINT
+    before the limit and ends with its own exit code; the group's OOM-kill
+    counter did not move. Without the flag (the default for a command), the
+    OOM killer kills it, as before."""
+    flag = ["--memory-guard", "auto"] if guard else []
+    with MemoryCgroup(limit_mb=LIMIT_MB) as group:
+        without_swap(group)
+        done = subprocess.run([sys.executable, "-m", "nbmon.cli", "run", "--quiet", "--no-gpu", *flag, "--",
+                               sys.executable, "-c", COMMAND_GROWS],
+                              preexec_fn=lambda: group.add(os.getpid()), capture_output=True, text=True, timeout=120)
+        kills = group.oom_kills()
+    if guard:
+        assert done.returncode == 3 and kills == 0, (done.returncode, kills, done.stderr)
+        said = done.stderr.splitlines()
+        assert len(said) == 1 and said[0].startswith(f"nbmon: sent SIGINT to {sys.executable} at "), said
+        assert f"of the container's {LIMIT_MB} MiB memory limit, before the OOM killer would kill it" in said[0]
+        assert 150 <= int(done.stdout) < LIMIT_MB, done.stdout   # what it held when interrupted (MiB)
+    else:
+        assert done.returncode == 128 + signal.SIGKILL and kills >= 1, (done.returncode, kills, done.stderr)
+        assert "SIGINT" not in done.stderr
+
+
+# -- foresight ---------------------------------------------------------------------
+
+def test_a_cell_that_grew_by_more_than_is_free_is_told_so_as_it_starts(monkeypatch):
+    """Over made-up reads of a 400 MiB container: a cell that grew by 150 MiB
+    starts again with 100 MiB free -> one line; a cell that grew by 40 MiB
+    does not; a cell the guard stopped is told so wherever it starts; the
+    guard remembers FORESIGHT_KEPT cells, the newest."""
+    from nbmon.postmortem import memguard
+    from nbmon.postmortem.memwarn import CONTAINER, Level
+
+    said, used, running, clock = [], [100.0], [None], [100.0]
+    monkeypatch.setattr(memguard, "time", SimpleNamespace(monotonic=lambda: clock[0], time=lambda: clock[0]))
+    guard = memguard.MemoryGuard(os.getpid(), "auto", stop=lambda number, level: None,
+                                 running_cell=lambda: running[0], say=said.append)
+    monkeypatch.setattr(guard, "_read", lambda: Level(CONTAINER, used[0], 400.0))
+
+    def run(number, source, *steps):
+        running[0] = (number, float(number), source)
+        for mb in (used[0], *steps):   # 0.5 s apart: 150 MiB/s at most, a stop only at the line
+            used[0] = mb
+            guard.consume(None, False)
+            clock[0] += 0.5
+        running[0] = None
+        guard.consume(None, False)
+        clock[0] += 0.5
+
+    run(1, "big", 175.0, 250.0, 100.0)            # grew by 150, gave it back
+    run(2, "small", 140.0, 100.0)                 # grew by 40
+    assert said == []
+    used[0] = 300.0                               # 300 held between cells: 100 free
+    run(3, "small")
+    assert said == []
+    run(4, "big")
+    assert said == ["nbmon: this cell grew by 150 MiB at its peak last time; 100 MiB is free below "
+                    "the container's 400 MiB memory limit"], said
+    used[0] = 100.0
+    run(5, "fill", 200.0, 300.0, 381.0)           # stopped at the line
+    assert guard.stops and guard.stops[-1][2] == 5
+    used[0], said[:] = 100.0, []                  # its frames unwound
+    run(6, "fill")
+    assert said == ["nbmon: the memory guard stopped this cell last time, after it grew by 281 MiB; "
+                    "300 MiB is free below the container's 400 MiB memory limit"], said
+    for k in range(memguard.FORESIGHT_KEPT):
+        run(7 + k, f"cell {k}")
+    said.clear()
+    run(1000, "fill")
+    run(1001, f"cell {memguard.FORESIGHT_KEPT - 1}")
+    assert said == [] and len(guard._grown) == memguard.FORESIGHT_KEPT

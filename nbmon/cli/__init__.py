@@ -29,6 +29,7 @@ from contextlib import contextmanager
 
 from .. import options as opts
 from ..postmortem import deaths
+from ..postmortem.memguard import MemoryGuard, stop_text
 from . import ranks
 from ..engine import Monitor
 from ..format import one_line, printable
@@ -138,7 +139,10 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
     monitor = Monitor(child.pid, dataclasses.replace(options, adopt=options.children and adopted))
     for sender in streams:
         monitor.attach(ranks.Tagged(sender, tags) if tags else sender, every_s)
+    guard_fd = _guard(monitor, child, argv) if options.memory_guard_percent is not None else None
     exit_ = _watch(child, monitor, options.interval, wait_descendants and adopted)
+    if guard_fd is not None:
+        os.close(guard_fd)
     summary = _with_exit_usage(monitor.summary(), exit_, monitor.store.t_start, options.children, own_peak_kb)
     if group is not None:
         summary = dataclasses.replace(summary, peak_group_mem_mb=known(group.peak_mb()))
@@ -148,6 +152,32 @@ def run(argv: list[str], options: Options, outputs: dict[str, str] | None = None
     _write_reports(outputs, Ended(summary, monitor, " ".join(argv), page=_page), force)
     _tell_end(argv, exit_, summary, monitor, quiet)
     return 128 - exit_.code if exit_.code < 0 else exit_.code
+
+
+def _guard(monitor: Monitor, child: subprocess.Popen, argv: list[str]) -> int | None:
+    """The memory guard over the command, as over one cell that runs from its
+    start to its end: it sends the command SIGINT (as a Ctrl-C would, to it
+    alone), once, and says so even with --quiet. Returns the command's pidfd
+    (None where there is none), for the caller to close once it is reaped."""
+    try:
+        pidfd = os.pidfd_open(child.pid)   # no other process is signalled once the command is reaped
+    except (AttributeError, OSError):
+        pidfd = None
+    running = (1, time.time(), "")
+
+    def interrupt(_number, level) -> None:
+        _say(stop_text(level, f"nbmon: sent SIGINT to {argv[0]}", "it", ""))
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signal.SIGINT)
+            elif child.returncode is None:
+                os.kill(child.pid, signal.SIGINT)
+        except ProcessLookupError:   # it ended meanwhile
+            pass
+
+    monitor.attach(MemoryGuard(child.pid, monitor.options.memory_guard_percent, stop=interrupt,
+                               running_cell=lambda: running))
+    return pidfd
 
 
 def _cannot_run(argv: list[str]) -> int:
@@ -340,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(ns)
         with _refused():
             options = Options.from_arguments(ns)
+        if not hasattr(ns, "memory_guard_percent"):   # a command is interrupted only where asked
+            options = Options.of(options, memory_guard_percent=None)
         if ns.verb == "demo":
             return run([sys.executable, "-m", "nbmon.cli.demo"], options, {"html": ns.html}, force=ns.force)
         command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command

@@ -33,7 +33,7 @@ from ..postmortem import deaths
 from ..postmortem.blackbox import SLOTS, BlackBox, CellNote
 from ..engine import Monitor
 from ..format import fmt, printable
-from ..postmortem.memguard import MemoryGuard
+from ..postmortem.memguard import MemoryGuard, stop_text
 from ..postmortem.memwarn import MemoryWatch
 from ..options import RECORD_OPEN_AFTER_S, RECORD_OPEN_MEMORY_MB, Options
 from ..report.render import html_table, text_table
@@ -227,11 +227,12 @@ class SessionHost(HostCalls, HostNotes):
         return "\n".join(lines)
 
     # -- cells --------------------------------------------------------------------
-    def cell_started(self, number: int | None, label: str) -> None:
-        """The kernel's pre_run_cell (``label``: the cell's first line): the
-        black box names it, the dashboards band it, the monitor samples at
-        its interval until it ends."""
-        self.note.started(number, label)
+    def cell_started(self, number: int | None, label: str, source: str = "") -> None:
+        """The kernel's pre_run_cell (``label``: the cell's first line;
+        ``source``: its source's digest, for the memory guard's foresight):
+        the black box names it, the dashboards band it, the monitor samples
+        at its interval until it ends."""
+        self.note.started(number, label, source)
         if self.monitor is not None:
             self.monitor.rest(False)
             if self._guard is not None:   # a cell may grow fast from its first step
@@ -480,8 +481,9 @@ def watch_kernel(monitor: Monitor, note: CellNote, say=None, stop=None) -> Memor
     watch = MemoryWatch(monitor.pid, monitor.options.memory_warning_percent, say=say, running_cell=note.running)
     guard = None
     if stop is not None:
-        guard = monitor.attach(MemoryGuard(monitor.pid, monitor.options.memory_guard_percent, stop=stop,
-                                           running_cell=note.running))
+        guard = monitor.attach(MemoryGuard(monitor.pid, monitor.options.memory_guard_percent,
+                                           stop=lambda number, level: stop(number, stop_text(level)),
+                                           running_cell=note.running, say=say))
     monitor.attach(watch)   # first: the box reads what it has just read
     monitor.attach(BlackBox(note, watch, pid=monitor.pid, guard=guard.percent if guard is not None else None))
     return guard

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import hashlib
 import io
 import itertools
 import math
@@ -164,6 +165,11 @@ def _only(flags: list[str], where: str) -> None:
 def first_line(source: str) -> str:
     """A cell's label: its first line that is not blank, at most LABEL_CHARS long."""
     return next((line.strip() for line in (source or "").splitlines() if line.strip()), "")[:LABEL_CHARS]
+
+
+def source_digest(source: str) -> str:
+    """A cell's source as the memory guard remembers it (the same text, the same digest)."""
+    return hashlib.blake2b(source.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 def _show(bundle: dict, display_id: str | bool | None = None):
@@ -386,7 +392,7 @@ class ResmonMagics(Magics):
         source = info.raw_cell or ""
         number = prompt_number(self.shell, info)
         guard.cell_runs(number)
-        SESSION.notify("cell_started", number, first_line(source))
+        SESSION.notify("cell_started", number, first_line(source), source_digest(source))
         if self.auto_threshold_s is not None and not source.lstrip().startswith("%%resmon"):
             # Cells shorter than the threshold are neither shown nor kept in the history; the
             # kernel waits for no answer at either end of one (only a longer one's line).

@@ -170,19 +170,21 @@ class CellNote:
         self.changes = 0
         self.held: dict | None = None   # the variables held as of the last cell that ended
         self.held_changes = 0
+        self.source = ""   # the running (or last) cell's source digest: what the memory guard remembers it by
         self._boxes: "weakref.WeakSet[BlackBox]" = weakref.WeakSet()
 
-    def started(self, number: int | None, label: str) -> None:
+    def started(self, number: int | None, label: str, source: str = "") -> None:
+        self.source = source
         self._set(Cell(number, label, True, time.time()))
 
     def finished(self) -> None:
         cell = self.cell
         self._set(Cell(cell.number, cell.label, False, cell.started))
 
-    def running(self) -> tuple[int | None, float] | None:
-        """The running cell's identity (number, start), None between cells."""
+    def running(self) -> tuple[int | None, float, str] | None:
+        """The running cell's identity (number, start, source digest), None between cells."""
         cell = self.cell
-        return (cell.number, cell.started) if cell.running else None
+        return (cell.number, cell.started, self.source) if cell.running else None
 
     def hold(self, held: dict) -> None:
         """The kernel's largest variables as a cell ended (plain data:

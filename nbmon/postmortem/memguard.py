@@ -8,7 +8,7 @@ container's usage less the page cache it reclaims first, as the warning
 does; the machine's used memory where there is no limit and the guard was
 asked for by a number) and, when it reaches the guard's line -- or would
 before the cell can be stopped, at the pace it grew since the last read --
-asks the kernel to stop the cell (``stop(number, text)``): the kernel raises
+asks the kernel to stop the cell (``stop(number, level)``): the kernel raises
 ``nbmon.MemoryGuardError`` (a ``MemoryError``) in the cell's code. The cell's
 frames unwind and free what they held; the kernel and its variables stay.
 
@@ -29,12 +29,18 @@ line), and never on a figure it could not read (NaN). What it cannot stop: one
 allocation that takes the memory past the limit between two reads, and code
 that does not return to Python (a C call holding the GIL); the kernel is
 then killed as before, and :attr:`MemoryGuard.stops` says what it tried.
+
+Foresight: it keeps how much each cell grew at its peak, by its source's
+digest (the last :data:`FORESIGHT_KEPT` cells); when a cell that ran before
+starts and grew by more last time than is free below the limit now, or was
+stopped by the guard, the cell is told in one line (``say``), and runs all
+the same.
 """
 from __future__ import annotations
 
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Callable
 
 from ..format import fmt
@@ -53,24 +59,32 @@ CACHE_EVERY_S = 0.25   # the page cache the OOM killer leaves aside moves slowly
 PACE_WINDOW_S = 0.25   # the pace, and the biggest step, over the reads of this long
 MIN_GROWTH_MB = 4.0    # a cell stopped has grown at least this much itself (not one that started past the line)
 STOPS_KEPT = 32
+FORESIGHT_KEPT = 256   # cells whose growth is remembered (a digest and a float each)
 
 
 class MemoryGuard:
     """A consumer that stops the running cell of process ``pid`` when the
     memory that can kill it reaches ``percent`` of the limit ("auto": the
     default share, where a container's limit is known; None: never).
-    ``running_cell()`` names the running cell ((number, start), None between
-    cells); ``stop(number, text)`` asks the kernel to stop cell ``number``.
+    ``running_cell()`` names the running cell ((number, start, its source's
+    digest), None between cells); ``stop(number, level)`` asks the kernel to
+    stop cell ``number`` (``level``: the memory that made it; :func:`stop_text`
+    says it); ``say(text)``, where given, tells the running cell what a
+    cell that ran before grew by.
     ``stops``: (epoch s, Level, number) of the last stops asked for."""
 
     name = "MemoryGuard"
     at_start = True
 
-    def __init__(self, pid: int, percent: float | str | None, *, stop: Callable[[int | None, str], None],
-                 running_cell: Callable[[], tuple | None]):
+    def __init__(self, pid: int, percent: float | str | None, *, stop: Callable[[int | None, Level], None],
+                 running_cell: Callable[[], tuple | None], say: Callable[[str], None] | None = None):
         self.percent = percent
         self.stop = stop
         self.running_cell = running_cell
+        self.say = say
+        # source digest -> (MiB grown at its peak, whether the guard stopped it): its last run
+        self._grown: OrderedDict[str, tuple[float, bool]] = OrderedDict()
+        self._cell_peak_mb = math.nan
         self.stops: deque[tuple[float, Level, int | None]] = deque(maxlen=STOPS_KEPT)
         self._source = Cgroup(pid)
         self._source.start(0.0)
@@ -118,19 +132,40 @@ class MemoryGuard:
         self._cell_runs = cell is not None
         apart = CELL_EVERY_S if self._cell_runs else FAR_EVERY_S   # the reads' interval when not near
         self._near = points <= NEAR_POINTS or used + room + 2 * apart * max(pace, 0.0) >= line
+        if cell != self._cell:   # a new cell, seen since the last read: it grew from then at most
+            self._remember()
+            self._cell, self._cell_start_mb, self._cell_peak_mb = cell, min(used, before_mb), used
+            if cell is not None:
+                self._foresee(cell[2], level)
         if cell is None:
             return
-        if cell != self._cell:   # a new cell, seen since the last read: it grew from then at most
-            self._cell, self._cell_start_mb = cell, min(used, before_mb)
+        self._cell_peak_mb = max(self._cell_peak_mb, used)
         if not self._armed or cell == self._stopped_in or used - self._cell_start_mb < MIN_GROWTH_MB:
             return
         if used + room >= line:
             self._armed, self._stopped_in = False, cell
             self.stops.append((time.time(), level, cell[0]))
-            self.stop(cell[0], stop_text(level))
+            self.stop(cell[0], level)
 
     def close(self) -> None:
         pass
+
+    def _remember(self) -> None:
+        """The cell that ended: how much it grew at its peak, by its source."""
+        if self._cell is None or not self._cell[2]:
+            return
+        grown = self._grown
+        grown[self._cell[2]] = (max(0.0, self._cell_peak_mb - self._cell_start_mb), self._cell == self._stopped_in)
+        grown.move_to_end(self._cell[2])
+        while len(grown) > FORESIGHT_KEPT:
+            grown.popitem(last=False)
+
+    def _foresee(self, source: str, level: Level) -> None:
+        if self.say is None or source not in self._grown:
+            return
+        grown_mb, stopped = self._grown[source]
+        if stopped or grown_mb >= max(MIN_GROWTH_MB, level.limit_mb - level.used_mb):
+            self.say(foresight_text(grown_mb, stopped, level))
 
     def _share(self) -> float:
         return DEFAULT_MEMORY_GUARD_PERCENT if self.percent == GUARD_AUTO else float(self.percent)
@@ -159,11 +194,23 @@ class MemoryGuard:
         return Level(MACHINE, total - available, total) if total > 0 and not math.isnan(available) else None
 
 
-def stop_text(level: Level) -> str:
-    """What the stopped cell's MemoryGuardError says."""
+def stop_text(level: Level, stopped: str = "nbmon stopped this cell", victim: str = "the kernel",
+              then: str = "; your variables are kept") -> str:
+    """What the stopped cell's MemoryGuardError says (``nbmon run``: what it
+    did to the command)."""
     if level.kind == CONTAINER:
-        return (f"nbmon stopped this cell at {fmt(level.used_mb, 'MiB')} of the container's "
-                f"{fmt(level.limit_mb, 'MiB')} memory limit, before the OOM killer would kill the kernel; "
-                f"your variables are kept")
-    return (f"nbmon stopped this cell at {fmt(level.used_mb, 'MiB')} of the machine's "
-            f"{fmt(level.limit_mb, 'MiB')} memory, before the kernel would run out of it; your variables are kept")
+        return (f"{stopped} at {fmt(level.used_mb, 'MiB')} of the container's "
+                f"{fmt(level.limit_mb, 'MiB')} memory limit, before the OOM killer would kill {victim}{then}")
+    return (f"{stopped} at {fmt(level.used_mb, 'MiB')} of the machine's "
+            f"{fmt(level.limit_mb, 'MiB')} memory, before {victim} would run out of it{then}")
+
+
+def foresight_text(grown_mb: float, stopped: bool, level: Level) -> str:
+    """The line a cell gets as it starts when it grew by more last time than
+    is free now, or was stopped."""
+    last = (f"the memory guard stopped this cell last time, after it grew by {fmt(grown_mb, 'MiB')}" if stopped
+            else f"this cell grew by {fmt(grown_mb, 'MiB')} at its peak last time")
+    free, limit = fmt(max(0.0, level.limit_mb - level.used_mb), "MiB"), fmt(level.limit_mb, "MiB")
+    if level.kind == CONTAINER:
+        return f"nbmon: {last}; {free} is free below the container's {limit} memory limit"
+    return f"nbmon: {last}; {free} of the machine's {limit} is free"
