@@ -28,7 +28,7 @@ from nbmon.engine import Monitor
 from nbmon.postmortem.memwarn import MemoryWatch
 from nbmon.views.meter import Meter, MeterFeed
 from nbmon.options import Options
-from test_postmortem import without_swap
+from test_postmortem import boxes as listed, without_swap   # listed: {name: pid} of the boxes there
 
 MIB = 1 << 20
 
@@ -69,8 +69,8 @@ def dead_kernel(boxes: Path) -> Path:
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "ready\n"
-        path = wait_until(lambda: next((boxes / n for n in os.listdir(boxes)
-                                        if n.startswith(f"{proc.pid}-")), None), what="the box")
+        path = wait_until(lambda: next((boxes / n for n in listed(boxes) if n.startswith(f"{proc.pid}-")), None),
+                          what="the box")
         wait_until(lambda: len(blackbox.read_box(str(path)).records) >= 3, what="three records")
     finally:
         proc.kill()
@@ -107,8 +107,7 @@ def test_a_monitor_that_stops_removes_its_box(boxes):
     monitor = Monitor(interval=0.05, gpu=False)
     watch_kernel(monitor, CellNote())
     with monitor:
-        wait_until(lambda: boxes.is_dir() and len(os.listdir(boxes)) == 1, what="the box")
-        (name,) = os.listdir(boxes)
+        (name,) = wait_until(lambda: len(listed(boxes)) == 1 and listed(boxes), what="the box")
         assert name.startswith(f"{os.getpid()}-")
         # A live kernel's box is never a death.
         found = deaths.scan()
@@ -127,9 +126,8 @@ def test_a_box_kept_for_another_process_ends_with_its_last_sign_of_life(boxes):
     monitor.attach(BlackBox(CellNote(), pid=kernel.pid))
     try:
         with monitor:
-            path = wait_until(lambda: boxes.is_dir() and next((boxes / n for n in os.listdir(boxes)
-                                                               if n.startswith(f"{kernel.pid}-")), None),
-                              what="the box")
+            path = wait_until(lambda: next((boxes / n for n in listed(boxes) if n.startswith(f"{kernel.pid}-")),
+                                           None), what="the box")
             wait_until(lambda: len(blackbox.read_box(str(path)).records) >= 2, what="two records")
             kernel.kill()
             kernel.wait(30)
@@ -178,8 +176,7 @@ def test_the_box_keeps_its_records_while_the_kernel_reads_nothing(boxes):
     note.started(7, "train()")   # a warning is said in the running cell
     try:
         with monitor:
-            path = wait_until(lambda: boxes.is_dir() and next((boxes / n for n in os.listdir(boxes)), None),
-                              what="the box")
+            path = wait_until(lambda: next((boxes / n for n in listed(boxes)), None), what="the box")
             time.sleep(4.0)   # the warning is said (and waits on the pipe) meanwhile
             newest = blackbox.read_box(str(path)).records[-1].wall
             read_at = time.time()
@@ -234,6 +231,17 @@ def test_a_box_beyond_the_fd_budget_holds_no_descriptor_and_is_written_all_the_s
     assert got["writes"] >= 3 and got["records"] >= 2 and got["cell"] == 7 and got["faults"] == [], got
 
 
+def slow_box_files(monkeypatch, seconds: float) -> None:
+    """A box's file takes ``seconds`` longer to fill (its fallocate), as on a slow disk."""
+    fallocate = os.posix_fallocate
+
+    def slow_fallocate(fd, offset, length):
+        time.sleep(seconds)
+        fallocate(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", slow_fallocate)
+
+
 def test_a_box_closed_at_exit_stays_closed_while_the_sampler_runs_on(boxes, monkeypatch):
     # At exit the monitor's threads (daemons) still run until the interpreter
     # stops them; a consume() after the exit hook must not open a new box,
@@ -243,13 +251,7 @@ def test_a_box_closed_at_exit_stays_closed_while_the_sampler_runs_on(boxes, monk
     from nbmon.postmortem.blackbox import CellNote
     from nbmon.helper.host import watch_kernel
 
-    fallocate = os.posix_fallocate
-
-    def slow_fallocate(fd, offset, length):
-        time.sleep(0.3)
-        fallocate(fd, offset, length)
-
-    monkeypatch.setattr(os, "posix_fallocate", slow_fallocate)
+    slow_box_files(monkeypatch, 0.3)
     monitor = Monitor(interval=0.05, gpu=False)
     watch_kernel(monitor, CellNote())
     with monitor:
@@ -259,6 +261,27 @@ def test_a_box_closed_at_exit_stays_closed_while_the_sampler_runs_on(boxes, monk
         time.sleep(3 * blackbox.RECORD_EVERY_S)   # three more of the box's turns in the consumers' thread
         assert os.listdir(boxes) == []
     assert monitor.faults == {}
+
+
+def test_a_box_being_created_is_never_read_half_written(boxes, monkeypatch):
+    # A post-mortem's scan in another kernel may come while a box is being
+    # created (its file filled slowly here): it finds no box or a whole one,
+    # never a file without its header (once on CI: "0 bytes: truncated").
+    from nbmon.postmortem.blackbox import CellNote
+    from nbmon.helper.host import watch_kernel
+
+    slow_box_files(monkeypatch, 0.5)
+    monitor = Monitor(interval=0.05, gpu=False)
+    watch_kernel(monitor, CellNote())
+    scans = []
+    with monitor:
+        wait_until(lambda: boxes.is_dir() and os.listdir(boxes), what="the box's file")
+        while not (scans and scans[-1].live):
+            scans.append(deaths.scan())
+        assert [b.header["pid"] for b in scans[-1].live] == [os.getpid()]
+    assert [s.skipped for s in scans if s.skipped] == []
+    assert len(scans) > 1   # scanned while the box was being created
+    assert os.listdir(boxes) == [] and monitor.faults == {}
 
 
 def _image(boxes: Path) -> bytes:

@@ -22,10 +22,12 @@ IDLE_S = 30            # the issue's window: an open dashboard, nothing running
 FIRST_OUTPUT_S = 0.5   # %resmon to its first output in the page
 KIB_PER_S = 4.0        # kernel -> browser while idle, default settings
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-# Cell 3 runs long enough (~0.3 s) for its band and cell 4's to stand apart on the axis
-# of the chart's first seconds (between cells it has a point a second: its first 4 points
-# take ~4 s, and quicker neighbours share a band).
-CELLS = ["%load_ext nbmon", "%resmon", "total = sum(range(3 * 10**7))", "%%resmon --label labelled\ntotal + 1"]
+# Cells 3 and 4 each run long enough (~1.3 s, ~0.8 s) for their bands to stand apart,
+# each with its label, on the axis of the chart's first minute, however short the gap
+# between them: bands less than 6 px apart merge where one is under 6 px wide, and a
+# label shows only where it fits before the next band.
+CELLS = ["%load_ext nbmon", "%resmon", "import time\ntotal = sum(range(3 * 10**7))\ntime.sleep(1)",
+         "%%resmon --label labelled\ntime.sleep(0.8)\ntotal + 1"]
 # A cell that runs until the test has seen what it needs (a file appears),
 # not for a fixed time that a slow first page load could outlast.
 WAIT_FOR = ("import pathlib, time\nt0 = time.monotonic()\n"
@@ -217,6 +219,14 @@ class Page:
     def shot(self, name: str) -> None:
         self.page.screenshot(path=str(ARTIFACTS / name), full_page=True)
 
+    def failed(self, shot: str) -> None:
+        """What a failed test leaves: a screenshot, and printed the page's errors,
+        the cells' outputs as the page shows them and the server's log."""
+        self.shot(shot)
+        outputs = self.page.locator(".jp-OutputArea").all_inner_texts()
+        print("page errors:", self.errors, "\n--- outputs ---\n", "\n--\n".join(o[:500] for o in outputs),
+              "\n--- server log ---\n", self.lab.log_text())
+
     def idle_for(self, seconds: float) -> dict:
         t0 = self.now()
         self.page.wait_for_timeout(seconds * 1000)  # Playwright delivers events only inside its calls
@@ -229,9 +239,18 @@ def kernel_traces(chart) -> dict:
 
 
 def wait_for_chart(page: Page, cells: int = 0, timeout: float = 90):
-    return wait_for(lambda: (c := page.chart()) and min(kernel_traces(c).values()) > 3
-                    and len(c["cells"]) >= cells and c,
-                    timeout, f"the live chart with data and {cells} cell band(s)")
+    seen = {}   # the last chart read, for the message if the wait fails
+
+    def ready():
+        seen["chart"] = chart = page.chart()
+        return chart and min(kernel_traces(chart).values()) > 3 and len(chart["cells"]) >= cells and chart
+
+    try:
+        return wait_for(ready, timeout, f"the live chart with data and {cells} cell band(s)")
+    except AssertionError as err:
+        chart = seen.get("chart") or {}
+        raise AssertionError(f"{err}; last read: points {chart.get('points')}, labels {chart.get('cells')}, "
+                             f"bands {chart.get('hover')}") from None
 
 
 def save(page: Page, lab, name: str) -> dict:
@@ -320,8 +339,7 @@ def test_lab_dashboard_is_quick_one_way_and_survives_the_kernel(lab, browser):
         assert_record_shows_figures(page)
         page.shot("dashboard-reopened-lab.png")
     except BaseException:
-        page.shot("dashboard-lab-failure.png")
-        print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
+        page.failed("dashboard-lab-failure.png")
         raise
     finally:
         page.page.close()
@@ -361,8 +379,7 @@ def test_dark_theme_and_a_clean_stop(lab, browser):
         assert sum(map(int, re.findall(r"\d+", color)[:3])) > 3 * 128, color
         page.shot("dashboard-dark-stopped.png")
     except BaseException:
-        page.shot("dashboard-dark-failure.png")
-        print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
+        page.failed("dashboard-dark-failure.png")
         raise
     finally:
         theme.unlink(missing_ok=True)
@@ -382,8 +399,7 @@ def test_notebook7_dashboard_survives_the_kernel(lab, browser):
         assert_record_shows_figures(page)
         page.shot("dashboard-reopened-nb7.png")
     except BaseException:
-        page.shot("dashboard-nb7-failure.png")
-        print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
+        page.failed("dashboard-nb7-failure.png")
         raise
     finally:
         page.page.close()
@@ -507,8 +523,7 @@ def test_the_window_holds_and_hover_zoom_or_resize_send_nothing(lab, browser):
         page.shot("dashboard-narrow.png")
         (lab.root / "window-go").touch()
     except BaseException:
-        page.shot("dashboard-window-failure.png")
-        print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
+        page.failed("dashboard-window-failure.png")
         raise
     finally:
         (lab.root / "window-go").touch()
@@ -526,8 +541,7 @@ def running(browser, lab, name: str):
         page.run_all()
         yield page
     except BaseException:
-        page.shot(f"dashboard-{name}-failure.png")
-        print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
+        page.failed(f"dashboard-{name}-failure.png")
         raise
     finally:
         (lab.root / f"{name}-go").touch()
@@ -648,8 +662,7 @@ def test_the_memory_warning_shows_on_the_chart_in_light_and_dark(lab, browser):
         wait_for(lambda: "stopped" in record.inner_text(), 90, "the final record of the stopped dashboard")
         assert not page.errors, page.errors
     except BaseException:
-        page.shot("dashboard-warning-failure.png")
-        print("page errors:", page.errors, "\n--- server log ---\n", lab.log_text())
+        page.failed("dashboard-warning-failure.png")
         raise
     finally:
         use_theme(page, "JupyterLab Light")   # the setting outlives the page

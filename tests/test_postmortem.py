@@ -50,10 +50,11 @@ def private_dir(tmp_path, monkeypatch):
 
 
 def boxes(directory: Path) -> dict[str, int]:
-    """{file name: pid} of the box directory, as listed (not as nbmon says)."""
+    """{file name: pid} of the box directory, as listed (not as nbmon says);
+    a box being created (a hidden name until it has its header) is not one yet."""
     if not directory.is_dir():
         return {}
-    return {name: int(name.split("-", 1)[0]) for name in os.listdir(directory)}
+    return {name: int(name.split("-", 1)[0]) for name in os.listdir(directory) if not name.startswith(".")}
 
 
 class Kernel:

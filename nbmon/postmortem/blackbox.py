@@ -68,6 +68,7 @@ LABEL_BYTES = 200
 HELD_SIZE = 248            # the box stays under 8 KiB
 NAME_CHARS = 24            # a variable's name in the box: longer ones lose their middle
 SUFFIX = ".box"
+WRITING = ".new"   # a box being created: hidden (a leading dot) until renamed
 NOTEBOOK_HASH = "notebook_sha256"   # in a header whose notebook name had to be cut: the whole name's
 
 _HEAD = struct.Struct("<8sII")          # magic, JSON length, JSON CRC
@@ -534,16 +535,19 @@ class BlackBox:
                   "fields": list(NAMES), "guard": self.guard}
         if header["started"] is None:
             raise OSError(f"cannot read this process's start time from /proc/{pid}/stat")
-        path = os.path.join(box_dir(), f"{pid}-{header['started']}-{header['boot'][:8]}{SUFFIX}")
-        fd = open_private(path, os.O_RDWR | os.O_CREAT)
+        name = f"{pid}-{header['started']}-{header['boot'][:8]}{SUFFIX}"
+        directory = box_dir()
+        path, being_written = os.path.join(directory, name), os.path.join(directory, f".{name}{WRITING}")
+        # Written under a hidden name and renamed: a reader never sees a box without its header.
+        fd = open_private(being_written, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         try:
             size = box_size(len(NAMES))
             os.posix_fallocate(fd, 0, size)   # a full disk fails here, not at a later write
             os.pwrite(fd, encode_header(header).ljust(size, b"\0"), 0)
-            os.ftruncate(fd, size)
+            os.rename(being_written, path)
         except BaseException:
             os.close(fd)
-            _remove(path)
+            _remove(being_written)
             raise
         if not BUDGET.take(1):
             os.close(fd)

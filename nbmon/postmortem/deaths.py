@@ -271,10 +271,13 @@ _ELSEWHERE = {"another host": "a kernel on another host ({}): whether it lives c
 
 def _newest(directory: str) -> tuple[list[str], list[str]]:
     """The directory's entries, newest first (by the time they were last
-    written): (the first MAX_ENTRIES, the rest)."""
+    written): (the first MAX_ENTRIES, the rest). Hidden ones are boxes
+    being created (:data:`~nbmon.postmortem.blackbox.WRITING`)."""
     entries = []
     with os.scandir(directory) as listing:
         for entry in listing:
+            if entry.name.startswith("."):
+                continue
             try:
                 entries.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
             except OSError:   # gone meanwhile
