@@ -39,6 +39,7 @@ _LAZY = {
     "MemoryGuardError": "kernel.guard",
     "read_ranks": "cli.ranks",
     "last_death": "postmortem.deaths",
+    "kernels": "overview",
 }
 
 __all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]

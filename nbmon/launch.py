@@ -91,6 +91,12 @@ def spawn(entry: str, args: list[str], imports, pass_fds: tuple[int, ...] = ()) 
         close_fds=True, pass_fds=pass_fds, start_new_session=True)
 
 
+def spawned(argv: list[bytes]) -> bool:
+    """Whether a command line (/proc/<pid>/cmdline's fields) is one of
+    :func:`spawn`'s: nbmon's own helper processes, seen from outside."""
+    return len(argv) > 3 and argv[1:3] == [b"-I", b"-c"] and argv[3] == _BOOT.encode()
+
+
 # A frame on a helper's pipe: its kind (one byte), its payload's length, the payload.
 FRAME = struct.Struct("<cI")
 MAX_FRAME = 256 << 20   # plotly's bundle is ~5 MB; anything this large is a broken pipe

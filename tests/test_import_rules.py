@@ -32,11 +32,12 @@ LAYERS = (
     "sources.procfs", "sources.cgroup",
     "sources.tree.memory", "sources.tree.pstree", "sources.tree.peaks", "sources.tree.linux", "sources.tree",
     "sources.machine",
-    "sources.gpus.nvml", "sources.gpus", "sources",
+    "sources.gpus.nvml", "sources.gpus", "sources.kernels", "sources",
     "sampling.faults", "sampling.sampler", "sampling.process", "sampling.store", "sampling",
     "report.variables", "report.render", "report.summary", "report.records", "report",
     "sinks.files", "sinks.senders", "sinks.consumers", "sinks",
     "postmortem.blackbox", "postmortem.memwarn", "postmortem.memguard", "postmortem.deaths", "postmortem",
+    "overview",
     "engine",
     "dask.wire", "dask.feeds", "dask.worker", "dask.client", "dask",
     "compat.calibrax", "compat.scaffold", "compat",
@@ -44,9 +45,9 @@ LAYERS = (
     "views.dashboard", "views.cluster", "views",
     "helper.protocol", "helper.host", "helper.serve", "helper",
     "kernel.guard", "kernel.namespace", "kernel.remote", "kernel.session", "kernel.magics", "kernel",
-    "cli.ranks", "cli.demo", "cli", "cli.__main__",
+    "cli.ranks", "cli.demo", "cli.top", "cli", "cli.__main__",
 )
-PACKAGES = ("sources", "sampling", "report", "sinks", "postmortem", "dask", "compat", "views", "helper", "kernel",
+PACKAGES = ("sources", "sampling", "report", "sinks", "postmortem", "overview", "dask", "compat", "views", "helper", "kernel",
             "cli")
 # The notebook's packages, outer layers that never import compat/ (nor it them).
 NOTEBOOK = ("views", "helper", "kernel")
@@ -55,6 +56,7 @@ VOCABULARY = {"values", "catalog", "options", "format", "private", "launch"}
 SOURCES = {m for m in LAYERS if m.startswith("sources")}
 SAMPLING = {m for m in LAYERS if m.startswith("sampling")}
 REPORT = {m for m in LAYERS if m.startswith("report")}
+POSTMORTEM = {m for m in LAYERS if m.startswith("postmortem")}
 # What each package may reach outside itself.
 PACKAGE_MAY_IMPORT = {
     "sources": VOCABULARY,
@@ -62,6 +64,7 @@ PACKAGE_MAY_IMPORT = {
     "report": VOCABULARY | SAMPLING,
     "sinks": VOCABULARY | SAMPLING | REPORT,
     "postmortem": VOCABULARY | SOURCES | REPORT,
+    "overview": VOCABULARY | SOURCES | POSTMORTEM,   # every kernel of this user, in whichever process asks
     **dict.fromkeys(NOTEBOOK),   # anything before it in LAYERS but compat
     "compat": None,              # anything before it in LAYERS but the notebook's packages
 }

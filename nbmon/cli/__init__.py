@@ -1,4 +1,5 @@
-"""``nbmon run -- CMD`` and ``nbmon demo``.
+"""``nbmon run -- CMD``, ``nbmon demo``, ``nbmon report``, ``nbmon postmortem``,
+``nbmon kernels`` and ``nbmon top`` (:mod:`.top`).
 
 ``run`` starts the command, monitors its whole process tree, prints the
 summary to stderr when it ends and exits with the command's exit code
@@ -39,11 +40,12 @@ from ..sinks.senders import FORCE_HINT, SINKS, Ended, check_outputs, open_stream
 from ..sinks.senders import arguments as sink_arguments
 from ..sources.cgroup import OwnGroup
 from ..launch import EXCLUDED
+from ..overview import SORTS
 from ..sources.tree.linux import all_thread_child_pids
 from ..values import NAN, known
 from ..report.summary import ResourceSummary
 
-VERBS = ("run", "demo", "report", "postmortem")
+VERBS = ("run", "demo", "report", "postmortem", "kernels", "top")
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 
 
@@ -104,6 +106,15 @@ def _parser() -> argparse.ArgumentParser:
                         "(SystemMonitor's sample_rate_seconds)")
     sub.add_parser("postmortem", help="the kernels of yours that died while nbmon watched them, newest first",
                    usage="nbmon postmortem")
+    sorts = {"choices": tuple(SORTS), "default": "memory", "help": "what to sort by, largest first (memory)"}
+    listing = sub.add_parser("kernels", help="every Jupyter kernel of yours on this host: memory, CPU, GPU, state",
+                             usage="nbmon kernels [--sort memory|cpu|gpu|age] [--json]")
+    listing.add_argument("--sort", **sorts)
+    listing.add_argument("--json", action="store_true", help="the table as JSON, for scripts")
+    live = sub.add_parser("top", help="the kernels' table, redrawn in place until q",
+                          usage="nbmon top [--sort memory|cpu|gpu|age] [--once]")
+    live.add_argument("--sort", **sorts)
+    live.add_argument("--once", action="store_true", help="print one table and exit")
     demo = sub.add_parser("demo", help="run a short built-in workload under the monitor")
     for args, kwargs in opts.arguments(opts.CLI):
         demo.add_argument(*args, **kwargs)
@@ -368,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
             return _postmortem()
         if ns.verb == "report":
             return _report(ns)
+        if ns.verb in ("kernels", "top"):
+            from . import top
+
+            return top.kernels(ns.sort, ns.json) if ns.verb == "kernels" else top.top(ns.sort, ns.once)
         with _refused():
             options = Options.from_arguments(ns)
         if not hasattr(ns, "memory_guard_percent"):   # a command is interrupted only where asked

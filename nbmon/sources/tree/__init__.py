@@ -82,6 +82,7 @@ class ProcessTree:
         self._want_reset = exact_peaks and use_proc
         self.peaks = "sampled"
         self.gone = 0            # processes of the tree that disappeared since start()
+        self.excluded_pids: frozenset[int] = frozenset()   # never part of it, like launch.EXCLUDED
         self.cpus = float(LOGICAL_CPUS)
         self.quota = NAN         # the cgroup's CPU quota, in CPUs
         self._cgroup: dict[str, str] = {}

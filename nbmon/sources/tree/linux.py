@@ -524,7 +524,7 @@ class ProcBackend:
                         parent.scan = True
                 continue
             for pid in pids:
-                if pid in known or pid in EXCLUDED:
+                if pid in known or pid in EXCLUDED or pid in self.tree.excluded_pids:
                     continue
                 child = None
                 try:

@@ -66,7 +66,8 @@ class PsutilBackend:
         if slow and self.tree.children:
             try:
                 for child in self.procs[self.tree.pid].children(recursive=True):
-                    if child.pid not in self.procs and child.pid not in EXCLUDED:
+                    if child.pid not in self.procs and child.pid not in EXCLUDED and \
+                            child.pid not in self.tree.excluded_pids:
                         self.procs[child.pid] = child
                         self.parents[child.pid] = child.ppid()
                         found.append(child)

@@ -1,0 +1,138 @@
+"""The Jupyter kernels of this user on this host, found in /proc: a process
+whose command line names a connection file (``-f <file>.json``, as every
+kernel launched by jupyter_client has), whether or not nbmon is loaded in it.
+
+Only processes of this user (their /proc directory's owner) are looked at;
+a kernel's forked children (DataLoader workers keep its command line) and
+the kernels it starts (papermill in a notebook) are part of its tree, not
+kernels of their own. What a command line or an
+environment says is text only: no file it names is opened, nothing in it runs.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from ..launch import spawned
+from ..private import started_in
+
+ENVIRON_BYTES = 1 << 18      # a kernel's environment is read up to this much
+SESSION_VARIABLE = b"JPY_SESSION_NAME="   # the notebook's path, set by jupyter_server as it starts the kernel
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# The connection file's flag, as jupyter_client's kernel specs write it and as kernels accept it.
+_FLAGS = ("-f", "--f", "--connection-file", "--connection_file", "--KernelApp.connection_file")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelProcess:
+    """A kernel as /proc shows it: its ``pid`` and start time (clock ticks
+    after boot: with the pid, one process for good), its ``connection_file``
+    as its command line names it, the notebook it serves (``session``: its
+    JPY_SESSION_NAME, "" where unset or unreadable) and its parent's pid."""
+
+    pid: int
+    started: int
+    connection_file: str
+    session: str
+    ppid: int
+
+    @property
+    def kernel_id(self) -> str:
+        """jupyter_client's kernel id (``kernel-<id>.json``), else the file's name."""
+        name = os.path.basename(self.connection_file)
+        name = name[:-5] if name.endswith(".json") else name
+        return name[7:] if name.startswith("kernel-") else name
+
+    @property
+    def age_s(self) -> float:
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - self.started / CLOCK_TICKS
+
+
+def connection_file(argv: list[str]) -> str | None:
+    """The connection file a kernel's command line names, None if it names none."""
+    for k, arg in enumerate(argv):
+        for flag in _FLAGS:
+            if arg == flag and k + 1 < len(argv):
+                value = argv[k + 1]
+            elif arg.startswith(flag + "="):
+                value = arg[len(flag) + 1:]
+            else:
+                continue
+            if value.endswith(".json"):
+                return value
+    return None
+
+
+def _read(path: str, size: int) -> bytes:
+    """Up to ``size`` bytes of a /proc file (raw reads: no file object, one
+    is made for every process at every refresh)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks, left = [], size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _session(pid: int) -> str:
+    try:
+        environ = _read(f"/proc/{pid}/environ", ENVIRON_BYTES)
+    except OSError:   # gone, or not readable (a process made undumpable): shown without it
+        return ""
+    for entry in environ.split(b"\0"):
+        if entry.startswith(SESSION_VARIABLE):
+            return entry[len(SESSION_VARIABLE):].decode("utf-8", "replace")
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What one look at /proc found: the ``kernels`` by pid, and the pids of
+    nbmon's own helper processes (``helpers``), which a kernel's tree leaves
+    out as ``%resmon`` does."""
+
+    kernels: list[KernelProcess]
+    helpers: frozenset[int]
+
+
+def find_kernels(uid: int | None = None, members: frozenset[int] = frozenset()) -> Found:
+    """Every kernel of user ``uid`` (this process's real uid by default);
+    a process that exits meanwhile is left out. ``members``: processes
+    known to be in a kernel's tree, not its root (a refresh's trees): not
+    read again, for they are no kernels of their own."""
+    uid = os.getuid() if uid is None else uid
+    helpers = set()
+    files: dict[int, tuple[str, int, int]] = {}   # pid: (connection file, start time, parent)
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            if pid in members:
+                continue
+            try:
+                if entry.stat().st_uid != uid:
+                    continue
+                raw = _read(f"/proc/{pid}/cmdline", 1 << 16)
+                if b".json" not in raw:   # most processes: not a kernel, nothing to decode
+                    if b"-I\0-c\0" in raw and spawned(raw.split(b"\0")):
+                        helpers.add(pid)
+                    continue
+                path = connection_file([a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")])
+                if path is None:
+                    continue
+                stat = _read(f"/proc/{pid}/stat", 1024)
+                files[pid] = (path, started_in(stat), int(stat[stat.rindex(b")") + 2:].split()[1]))
+            except (OSError, ValueError, IndexError):   # gone meanwhile
+                continue
+    # A forked child keeps its kernel's command line, and a kernel a kernel started (papermill in a
+    # notebook) is in its tree: a kernel is a process with a connection file whose parent has none.
+    return Found([KernelProcess(pid, started, path, _session(pid), ppid)
+                  for pid, (path, started, ppid) in sorted(files.items()) if ppid not in files], frozenset(helpers))
