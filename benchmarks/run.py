@@ -367,7 +367,7 @@ else:
 a[:] = 1.0
 tree = ProcessTree(os.getpid())
 tree.start()
-proc = tree._backend.procs[os.getpid()]
+proc = tree._reader.procs[os.getpid()]
 t0 = time.thread_time()
 for _ in range(10):
     proc.walk()
@@ -390,7 +390,7 @@ t0 = time.monotonic()
 with mp.get_context("fork").Pool(4) as pool:
     pool.map(work, range(4))
 wall = time.monotonic() - t0
-walker = mon.sources.tree._backend.walker
+walker = mon.sources.tree._reader.walker
 mon.stop()
 print(walker.walks, walker.spent_s, wall)
 """

@@ -1,6 +1,6 @@
 """What to monitor and how: one :class:`Options` object, built by the magics,
-the CLI and the seed APIs and carried unchanged down to either sampling
-backend (the helper process gets it as JSON).
+the CLI and the seed APIs and carried unchanged down to the sampler, in a
+thread or a process (the helper processes get it as JSON).
 
 Each option is declared once, as a field of :class:`Options`: its type, its
 default, its check, and how the front ends offer it (:class:`Flag`: the
@@ -26,6 +26,7 @@ MIN_INTERVAL_S = 0.001       # below this the sampler would only spin
 MAX_INTERVAL_S = 86400.0
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 BACKENDS = ("thread", "process")
+SESSIONS = ("helper", "kernel")   # where a notebook's session runs: nbmon/helper/host.py
 DEFAULT_MEMORY_WARNING_PERCENT = 90.0
 GUARD_AUTO = "auto"                  # the memory guard where a container's limit is known
 DEFAULT_MEMORY_GUARD_PERCENT = 95.0  # ... at this share of it
@@ -81,10 +82,20 @@ def check_bool(value, name: str) -> bool:
     return value
 
 
-def check_backend(value, name: str) -> str:
-    if value not in BACKENDS:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, BACKENDS))}, got {value!r}")
-    return value
+def _one_of(choices: tuple[str, ...]) -> Callable:
+    def check(value, name: str) -> str:
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        return value
+    return check
+
+
+check_backend = _one_of(BACKENDS)
+_check_session = _one_of(SESSIONS)
+
+
+def check_session(value, name: str) -> str | None:
+    return None if value is None else _check_session(value, name)
 
 
 def check_bytes(value, name: str) -> int:
@@ -155,7 +166,10 @@ class Options:
     every interval's peak is exact (Linux) -- this changes what other tools
     read about those processes (VmHWM, ``getrusage``'s ``ru_maxrss``,
     ``/usr/bin/time -v``), so it is off unless asked for; ``backend``: sample
-    from a ``"thread"`` in this process or from a helper ``"process"``;
+    from a ``"thread"`` in this process or from a sampler ``"process"``
+    (Python only); ``session``: in a notebook, where the session (monitor,
+    records, charts, warning, black box) runs: a ``"helper"`` process or the
+    ``"kernel"`` itself (None: where it runs already, else a helper on Linux);
     ``max_bytes``: the store's bound; ``adopt``: also count this process's
     other children, which are what the watched process orphaned when this
     process is their subreaper (``nbmon run``). ``memory_warning_percent``:
@@ -181,9 +195,11 @@ class Options:
     exact_peaks: bool = option(False, check_bool, Flag(
         "--exact-peaks", "reset the watched processes' high-water marks so that every peak between samples "
                          "is exact; this changes what other tools read about them (VmHWM, ru_maxrss, time -v)"))
-    backend: str = option("thread", check_backend, Flag(
-        "--backend", "process: sample from a helper process, which no GIL-held C call can stall (the live "
-                     "chart's default on Linux); thread: from a thread in the kernel", "NAME", offered=(MAGIC,)))
+    backend: str = option("thread", check_backend)
+    session: str | None = option(None, check_session, Flag(
+        "--session", "helper: the session (monitor, records, charts) runs in a helper process, where no "
+                     "GIL-held C call stalls its sampling (the default on Linux); kernel: in the kernel itself",
+        "WHERE", offered=(MAGIC,)))
     max_bytes: int = option(DEFAULT_MAX_BYTES, check_bytes)
     adopt: bool = option(False, check_bool)   # nbmon run sets it, as the subreaper of what it runs
     memory_warning_percent: float | None = option(DEFAULT_MEMORY_WARNING_PERCENT, check_warning_percent, Flag(

@@ -104,7 +104,7 @@ MAGIC_CASES = [
      "--memory-warning must be a percentage between 0 and 100 (None: no warning), got '150'"),
     ("cell", "--memory-warning x", "'x'",
      "--memory-warning must be a percentage between 0 and 100 (None: no warning), got 'x'"),
-    ("line", "--backend gpu", "'gpu'", "--backend must be one of 'thread', 'process', got 'gpu'"),
+    ("line", "--session gpu", "'gpu'", "--session must be one of 'helper', 'kernel', got 'gpu'"),
     # files: refused before anything starts (issue 19)
     ("line", "--csv /proc/nbmon.csv", "'/proc/nbmon.csv'", "cannot write '/proc/nbmon.csv': No such file or directory"),
     ("line", "--csv out --jsonl ./out", "'./out'", "each output needs its own file: 'out', './out'"),

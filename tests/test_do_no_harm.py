@@ -238,7 +238,7 @@ def test_a_kernel_out_of_descriptors_runs_its_cells_and_is_told_in_one_line(tmp_
                    f"faulthandler.register(signal.SIGTERM, file=_stacks, all_threads=True, chain=True)")
         kernel.run("%load_ext nbmon")
         kernel.run(EXHAUST)
-        for line in ("%%resmon\nran = 'yes'", "%resmon start", "%resmon auto on", "%resmon start --backend thread"):
+        for line in ("%%resmon\nran = 'yes'", "%resmon start", "%resmon auto on", "%resmon start --session kernel"):
             cell = kernel.run(line)   # an error output would raise here
             said = stderr_of(cell).splitlines()
             assert len(said) == 1 and said[0].startswith("nbmon did not start: "), cell.outputs

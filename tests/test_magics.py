@@ -319,7 +319,7 @@ def test_the_record_stays_whether_its_meter_shows_before_or_after_it(order):
 
 def test_dashboard_marks_each_cell_with_its_prompt_number(ip):
     with capture_output():
-        ip.run_line_magic("resmon", "--interval 0.05 --backend thread")   # the session in this process: its bands
+        ip.run_line_magic("resmon", "--interval 0.05 --session kernel")   # the session in this process: its bands
     (dashboard, *_), = SESSION.host.views
     number = ip.execution_count
     with capture_output():

@@ -23,7 +23,7 @@ from nbmon.kernel.session import SESSION
 from nbmon.options import CLI, MAGIC, Options
 
 # A good value as typed, for each option that takes one (a new option needs one here).
-TYPED = {"interval": ("0.5", 0.5), "backend": ("process", "process"), "memory_warning_percent": ("80", 80.0),
+TYPED = {"interval": ("0.5", 0.5), "session": ("kernel", "kernel"), "memory_warning_percent": ("80", 80.0),
          "memory_guard_percent": ("85", 85.0)}
 
 
@@ -74,7 +74,7 @@ def test_the_help_of_both_front_ends_comes_from_the_table():
 @pytest.mark.parametrize("typed, percent", [("80", 80.0), ("97.5", 97.5), ("off", None), ("OFF", None)])
 def test_resmon_memory_warning_reaches_the_monitors_warning(ip, typed, percent):
     with capture_output():
-        ip.run_line_magic("resmon", f"--interval 0.05 --backend thread --memory-warning {typed}")
+        ip.run_line_magic("resmon", f"--interval 0.05 --session kernel --memory-warning {typed}")
     try:
         assert SESSION.monitor.options.memory_warning_percent == percent
         assert memwarn.attached(SESSION.monitor).percent == percent
@@ -88,7 +88,7 @@ def test_resmon_memory_guard_reaches_the_monitors_guard(ip, typed, percent):
     from nbmon.postmortem.memguard import MemoryGuard
 
     with capture_output():
-        ip.run_line_magic("resmon", f"--interval 0.05 --backend thread --memory-guard {typed}")
+        ip.run_line_magic("resmon", f"--interval 0.05 --session kernel --memory-guard {typed}")
     try:
         assert SESSION.monitor.options.memory_guard_percent == percent
         (guard,) = [c for c in SESSION.monitor.consumers if isinstance(c, MemoryGuard)]
@@ -107,7 +107,7 @@ def test_resmon_memory_guard_reaches_the_monitors_guard(ip, typed, percent):
      "--memory-warning must be a percentage between 0 and 100 (None: no warning), got 'abc'"),
     ("--memory-warning 1e2",
      "--memory-warning must be a percentage between 0 and 100 (None: no warning), got '1e2'"),
-    ("--backend gpu", "--backend must be one of 'thread', 'process', got 'gpu'"),
+    ("--session gpu", "--session must be one of 'helper', 'kernel', got 'gpu'"),
 ])
 def test_a_bad_value_names_the_flag_and_the_text_as_typed(ip, line, message):
     with capture_output() as cap, pytest.raises(UsageError) as info:

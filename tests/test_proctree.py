@@ -1,4 +1,4 @@
-"""ProcessTree on real processes, through both backends (/proc and psutil).
+"""ProcessTree on real processes, through both readers (/proc and psutil).
 
 The tree's root is usually a "driver": a Python child that runs code the test
 sends it, so the test decides exactly when the tree gains, loses and reaps
@@ -23,7 +23,7 @@ from nbmon import catalog
 from nbmon.sources.tree import ProcessTree
 
 MIB = 1024 * 1024
-BACKENDS = [pytest.param(True, id="proc"), pytest.param(False, id="psutil")]
+READERS = [pytest.param(True, id="proc"), pytest.param(False, id="psutil")]
 FIELDS = catalog.names(catalog.TREE)
 
 DRIVER = r"""
@@ -125,10 +125,10 @@ def wait_for_file(path) -> None:
 
 # -- basics ------------------------------------------------------------------
 
-@pytest.mark.parametrize("use_proc", BACKENDS)
-def test_backend_and_fields(use_proc):
+@pytest.mark.parametrize("use_proc", READERS)
+def test_reader_and_fields(use_proc):
     tree = ProcessTree(use_proc=use_proc)
-    assert tree.backend == ("proc" if use_proc else "psutil")
+    assert tree.reader == ("proc" if use_proc else "psutil")
     tree.start()
     try:
         s = sample(tree)
@@ -150,7 +150,7 @@ def test_backend_and_fields(use_proc):
         tree.close()
 
 
-@pytest.mark.parametrize("use_proc", BACKENDS)
+@pytest.mark.parametrize("use_proc", READERS)
 def test_first_sample_after_start_has_true_cpu_percent(use_proc):
     tree = ProcessTree(children=False, use_proc=use_proc)
     t0 = time.monotonic()
@@ -181,7 +181,7 @@ def test_first_sample_after_start_has_true_cpu_percent(use_proc):
 
 # -- CPU ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("use_proc", BACKENDS)
+@pytest.mark.parametrize("use_proc", READERS)
 def test_cpu_percent_never_exceeds_all_cpus_and_integrates_to_cpu_time(use_proc):
     """CPU that shows up late (here: 0.3 s used within a 1 ms "interval" of a
     fake clock) is carried over, never shown as more than every CPU busy."""
@@ -203,7 +203,7 @@ def test_cpu_percent_never_exceeds_all_cpus_and_integrates_to_cpu_time(use_proc)
     assert rows[-1]["proc_cpu_time_s"] >= 0.3 - 0.02  # psutil reads 10 ms ticks
 
 
-@pytest.mark.parametrize("use_proc", BACKENDS)
+@pytest.mark.parametrize("use_proc", READERS)
 def test_child_burning_a_core_reads_its_cpu_percent(use_proc, driver, tmp_path):
     """A child burning 1 s of CPU: the tree's CPU % over the burn equals the
     child's own (about 100 on an idle machine) within 15 points."""
@@ -258,7 +258,7 @@ def assert_counted_once(before, after, cpu0, cpu1) -> None:
     assert grown == pytest.approx((kids1 - kids0) + (own1 - own0), abs=0.05)
 
 
-@pytest.mark.parametrize("use_proc", BACKENDS)
+@pytest.mark.parametrize("use_proc", READERS)
 @pytest.mark.parametrize("seen_alive", [True, False], ids=["discovered", "never-seen"])
 def test_cpu_of_reaped_children_is_counted_once(use_proc, seen_alive, driver, tmp_path):
     tree = ProcessTree(driver.pid, use_proc=use_proc)
@@ -293,7 +293,7 @@ sys.stdin.read()
 """
 
 
-@pytest.mark.parametrize("use_proc", BACKENDS)
+@pytest.mark.parametrize("use_proc", READERS)
 def test_child_and_grandchild_gone_in_one_interval_are_counted_once(use_proc, driver, tmp_path):
     """A grandchild reaped by its parent, which is reaped by the root, both
     between two samples: the root's cutime holds both; nothing is added twice."""
@@ -336,7 +336,7 @@ g.wait()
 """
 
 
-@pytest.mark.parametrize("use_proc", BACKENDS)
+@pytest.mark.parametrize("use_proc", READERS)
 def test_child_memory_count_and_grandchildren(use_proc, driver, tmp_path):
     tree = ProcessTree(driver.pid, use_proc=use_proc)
     tree.start()
@@ -363,7 +363,7 @@ def test_child_memory_count_and_grandchildren(use_proc, driver, tmp_path):
         tree.close()
 
 
-@pytest.mark.parametrize("use_proc", BACKENDS)
+@pytest.mark.parametrize("use_proc", READERS)
 def test_children_false_ignores_children(use_proc, driver):
     tree = ProcessTree(driver.pid, children=False, use_proc=use_proc, slow_every_s=0.0)
     tree.start()
@@ -499,7 +499,7 @@ def test_peaks_are_sampled_with_psutil():
 
 # -- odd processes -------------------------------------------------------------
 
-@pytest.mark.parametrize("use_proc", BACKENDS)
+@pytest.mark.parametrize("use_proc", READERS)
 def test_nonexistent_pid_raises_process_lookup_error(use_proc):
     before = fd_count()
     tree = ProcessTree(free_pid(), use_proc=use_proc)
@@ -510,7 +510,7 @@ def test_nonexistent_pid_raises_process_lookup_error(use_proc):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="starting a process as user nobody needs root")
-@pytest.mark.parametrize("use_proc", BACKENDS)
+@pytest.mark.parametrize("use_proc", READERS)
 def test_other_users_process_gives_numbers_or_nan(use_proc):
     # `cat` rather than this Python, which may sit where user nobody cannot read.
     p = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, user=65534)
@@ -532,7 +532,7 @@ def test_other_users_process_gives_numbers_or_nan(use_proc):
         p.wait()
 
 
-@pytest.mark.parametrize("use_proc", BACKENDS)
+@pytest.mark.parametrize("use_proc", READERS)
 def test_root_that_exited_is_not_alive_even_before_it_is_reaped(use_proc):
     p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     tree = ProcessTree(p.pid, use_proc=use_proc)
@@ -554,7 +554,7 @@ def test_root_that_exited_is_not_alive_even_before_it_is_reaped(use_proc):
         p.wait()
 
 
-@pytest.mark.parametrize("use_proc", BACKENDS)
+@pytest.mark.parametrize("use_proc", READERS)
 def test_children_exiting_between_samples(use_proc, driver):
     # The psutil backend discovers on its cadence; make it every sample here.
     tree = ProcessTree(driver.pid, use_proc=use_proc, slow_every_s=1.0 if use_proc else 0.0)
@@ -585,7 +585,7 @@ def test_children_exiting_between_samples(use_proc, driver):
 
 # -- resources of the monitor itself -----------------------------------------
 
-@pytest.mark.parametrize("use_proc", BACKENDS)
+@pytest.mark.parametrize("use_proc", READERS)
 def test_no_file_descriptor_leak(use_proc, driver):
     before = fd_count()
     for _ in range(3):

@@ -11,7 +11,7 @@ Already proven elsewhere, not repeated here:
     ::test_source_returning_negative_values, ::test_source_leaving_out_a_field
   - a source failing every other call in a real Monitor: test_engine.py::test_a_failing_extra_source_is_isolated
   - another user's process, read statically: test_proctree.py::test_other_users_process_gives_numbers_or_nan
-  - children exiting between samples (both backends): test_proctree.py::test_children_exiting_between_samples
+  - children exiting between samples (both readers): test_proctree.py::test_children_exiting_between_samples
   - CSV after SIGKILL: test_senders.py::test_sigkill_mid_run_leaves_only_whole_lines
   - every sample in the file after a clean stop (thread backend, CSV and JSON Lines):
     test_senders.py::test_clean_stop_has_every_sample_in_the_file
@@ -141,7 +141,7 @@ def test_resmon_status_prints_the_faults(monkeypatch):
         ip.run_line_magic("load_ext", "nbmon")
     source = Broken("broken", _raise, lambda c: True)
     m = Monitor(interval=0.005, gpu=False, extra_sources=[source]).start()
-    monkeypatch.setattr(SESSION.host_for("thread"), "monitor", m)   # the session in this process: its monitor
+    monkeypatch.setattr(SESSION.host_for("kernel"), "monitor", m)   # the session in this process: its monitor
     try:
         wait_until(lambda: source.calls >= 3, what="three calls")
         with capture_output() as cap:
@@ -192,8 +192,8 @@ def churner_as_nobody():
     p.wait()
 
 
-def test_psutil_backend_survives_another_users_children_coming_and_going(churner_as_nobody):
-    # Monitor cannot pick the psutil backend (it uses /proc where there is one):
+def test_psutil_reader_survives_another_users_children_coming_and_going(churner_as_nobody):
+    # Monitor cannot pick the psutil reader (it uses /proc where there is one):
     # ProcessTree(use_proc=False) is driven here in a plain sampling loop.
     tree = ProcessTree(churner_as_nobody.pid, use_proc=False, slow_every_s=0.0)
     tree.start()
@@ -207,16 +207,16 @@ def test_psutil_backend_survives_another_users_children_coming_and_going(churner
             n += 1
     finally:
         tree.close()
-    figure("psutil backend, nobody's churning tree", samples=n, gone=tree.gone, bad_values=len(bad),
+    figure("psutil reader, nobody's churning tree", samples=n, gone=tree.gone, bad_values=len(bad),
            root_alive=tree.root_alive)
     assert tree.gone >= 20, "children that exited were not counted as gone"
     assert bad == [] and tree.root_alive
 
 
-def test_proc_backend_monitor_survives_another_users_children_coming_and_going(churner_as_nobody):
+def test_proc_reader_monitor_survives_another_users_children_coming_and_going(churner_as_nobody):
     m = Monitor(pid=churner_as_nobody.pid, interval=0.005, gpu=False).start()
     try:
-        assert m.sources.tree.backend == "proc"
+        assert m.sources.tree.reader == "proc"
         wait_until(lambda: m.sources.tree.gone >= 20, what="20 children to come and go")
         assert m.running
     finally:
@@ -228,7 +228,7 @@ def test_proc_backend_monitor_survives_another_users_children_coming_and_going(c
     for row in rows[:len(FIELDS)].T.tolist():
         _check_row(dict(zip(FIELDS, row)), bad, last)
     count = rows[m.fields.index("proc_count")]
-    figure("proc backend, nobody's churning tree", samples=m.store.seq, gone=m.sources.tree.gone,
+    figure("proc reader, nobody's churning tree", samples=m.store.seq, gone=m.sources.tree.gone,
            faults=len(m.faults), bad_values=len(bad), max_tree=int(count.max()))
     assert m.faults == {} and bad == []
     assert count.min() >= 1 and count.max() >= 2  # children were seen, and the root always
@@ -253,7 +253,7 @@ def test_unprivileged_monitor_of_roots_churning_tree_gets_access_denied_not_a_cr
                 row = tree.sample(time.monotonic())
                 _check_row(row, bad, last)
                 n += 1
-            out[tree.backend] = dict(samples=n, gone=tree.gone, bad=bad, alive=tree.root_alive,
+            out[tree.reader] = dict(samples=n, gone=tree.gone, bad=bad, alive=tree.root_alive,
                                      peaks=tree.peaks, io=row["proc_read_bytes"])
             tree.close()
         m = Monitor(pid=churner.pid, interval=0.005, gpu=False).start()
@@ -269,13 +269,13 @@ def test_unprivileged_monitor_of_roots_churning_tree_gets_access_denied_not_a_cr
     finally:
         churner.kill()
         churner.wait()
-    for backend in ("proc", "psutil"):
-        got = out[backend]
-        figure(f"unprivileged {backend} backend on root's churning tree", samples=got["samples"],
+    for reader in ("proc", "psutil"):
+        got = out[reader]
+        figure(f"unprivileged {reader} reader on root's churning tree", samples=got["samples"],
                gone=got["gone"], bad_values=len(got["bad"]))
         assert got["bad"] == [] and got["alive"] and got["gone"] >= 10
         # Another user's marks can be read (status is world-readable), never reset.
-        assert got["peaks"] == ("high-water marks" if backend == "proc" else "sampled")
+        assert got["peaks"] == ("high-water marks" if reader == "proc" else "sampled")
         assert math.isnan(got["io"])           # /proc/<pid>/io is denied: unknown, not 0
     assert out["monitor"]["running"] and out["monitor"]["clean"] and out["monitor"]["faults"] == {}
 

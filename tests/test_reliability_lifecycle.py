@@ -165,11 +165,11 @@ def test_process_backend_started_from_a_thread_that_ends_keeps_sampling():
         assert m.stop(timeout=DEADLINE_S)
 
 
-@pytest.mark.parametrize("backend", ["thread", "process"])
-def test_resmon_100_cycles_in_a_real_ipython_shell(backend):
-    """The session in this process (thread: its dashboards are counted here)
-    or in its helper (process: this process keeps only the relay, and the
-    helper's own memory is read from /proc)."""
+@pytest.mark.parametrize("where", ["kernel", "helper"])
+def test_resmon_100_cycles_in_a_real_ipython_shell(where):
+    """The session in this process (kernel: its dashboards are counted here)
+    or in its helper (this process keeps only the relay, and the helper's
+    own memory is read from /proc)."""
     from IPython.testing import globalipapp
     from IPython.utils.capture import capture_output
 
@@ -184,7 +184,7 @@ def test_resmon_100_cycles_in_a_real_ipython_shell(backend):
 
     def cycle():
         with capture_output() as cap:
-            ip.run_line_magic("resmon", f"--interval 0.01 --backend {backend}")
+            ip.run_line_magic("resmon", f"--interval 0.01 --session {where}")
         # The record shows at once; the chart is built on the dashboard's thread and mounts into it.
         assert 'data-nbmon-live="' in cap.outputs[0].data["text/html"]
         wait_until(lambda: SESSION.host.info()["charts"] == 1, what="the chart", timeout=30)
@@ -217,7 +217,7 @@ def test_resmon_100_cycles_in_a_real_ipython_shell(backend):
             cycle()
         gc.collect()
         growth, object_growth = rss_mib() - rss, len(gc.get_objects()) - objects
-        figure(f"%resmon 100 cycles, backend {backend}", leaked_threads=len(threads()), fd_delta=fd_count() - fds,
+        figure(f"%resmon 100 cycles, the session in the {where}", leaked_threads=len(threads()), fd_delta=fd_count() - fds,
                rss_growth_mib=round(growth, 2), object_growth=object_growth,
                widgets_left=live_widgets() - widgets, helper_rss_growth_mib=round(helper_rss() - helper, 2))
         assert threads() == []

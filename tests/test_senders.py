@@ -246,7 +246,7 @@ TSV_SINK = """
                      sys.executable, "-c", "import time; time.sleep(0.5)"])
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "nbmon")
-    shell.run_line_magic("resmon", f"--interval 0.05 --backend thread --tsv {magic_tsv}")
+    shell.run_line_magic("resmon", f"--interval 0.05 --session kernel --tsv {magic_tsv}")
     while SESSION.monitor.store.seq < 10:
         time.sleep(0.05)
     shell.run_line_magic("resmon", "stop")
@@ -283,7 +283,7 @@ def test_a_sink_added_to_the_table_reaches_every_front_end(tmp_path):
 def test_resmon_streams_every_sample_of_its_monitor(ip, tmp_path):
     csv_path, jsonl_path = tmp_path / "k.csv", tmp_path / "k.jsonl"
     with capture_output():
-        ip.run_line_magic("resmon", f"--interval 0.05 --backend thread --csv {csv_path} --jsonl '{jsonl_path}'")
+        ip.run_line_magic("resmon", f"--interval 0.05 --session kernel --csv {csv_path} --jsonl '{jsonl_path}'")
     monitor = SESSION.monitor
     wait_until(lambda: monitor.store.seq >= 5, what="five samples")
     with capture_output():
@@ -305,7 +305,7 @@ def test_resmon_keeps_an_existing_file_unless_forced_and_never_writes_through_a_
     assert str(info.value) == f"output file {str(planted)!r} already exists (add --force to replace it)"
     assert cap.outputs == [] and (SESSION.monitor is None or not SESSION.monitor.running)
     with capture_output():
-        ip.run_line_magic("resmon", f"--interval 0.05 --backend thread --csv {planted} --force")
+        ip.run_line_magic("resmon", f"--interval 0.05 --session kernel --csv {planted} --force")
     wait_until(lambda: SESSION.monitor.store.seq >= 3, what="three samples")
     with capture_output():
         ip.run_line_magic("resmon", "stop")

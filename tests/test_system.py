@@ -11,7 +11,7 @@ from helpers import burn_cpu, fd_count
 from nbmon import catalog
 from nbmon.sources.machine import Machine
 
-BACKENDS = [pytest.param(True, id="proc"), pytest.param(False, id="psutil")]
+READERS = [pytest.param(True, id="proc"), pytest.param(False, id="psutil")]
 MIB = 1024.0 * 1024.0
 FIELDS = catalog.names(catalog.MACHINE)
 RATES = ("sys_disk_read_bytes_per_s", "sys_disk_write_bytes_per_s", "sys_net_sent_bytes_per_s",
@@ -19,7 +19,7 @@ RATES = ("sys_disk_read_bytes_per_s", "sys_disk_write_bytes_per_s", "sys_net_sen
 COUNTERS = ("sys_disk_read_bytes", "sys_disk_write_bytes", "sys_net_sent_bytes", "sys_net_recv_bytes")
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=READERS)
 def system(request):
     s = Machine(use_proc=request.param)
     yield s

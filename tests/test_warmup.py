@@ -3,7 +3,7 @@
 imports what the session needs there), so a monitored cell right after it
 reports what the cell did (an idle block: no CPU, no memory), and plotly's
 ``fig.show()`` works as without nbmon (nbmon imports nothing of plotly's
-into the kernel; where it does, with ``--backend thread``, it defers
+into the kernel; where it does, with ``--session kernel``, it defers
 nbformat, which a FigureWidget never uses)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
 """The session's helper process (runs there; in the kernel only with
-``--backend thread``): the session host (monitor, records, views, memory
+``--session kernel``): the session host (monitor, records, views, memory
 warning, black box), its main loop, and what it and the kernel say to each
 other (:mod:`.protocol`)."""

@@ -5,7 +5,7 @@ the live views, the memory warning and the black box.
 (:mod:`nbmon.helper.serve`, driven through :mod:`nbmon.kernel.remote`),
 so that the kernel holds none of it: no numpy, plotly, widgets or history
 for its cyclic garbage collector to walk on every full collection, no
-sampler thread to share its GIL with. With ``--backend thread`` it runs in
+sampler thread to share its GIL with. With ``--session kernel`` it runs in
 the kernel itself. Either way the kernel talks to it in plain data: options
 as dicts, summaries as ``ResourceSummary.to_dict()``, outputs as
 mimebundles (``{"data": ..., "metadata": ...}``) the kernel displays, with
@@ -129,9 +129,9 @@ class SessionHost(HostCalls, HostNotes):
         yet), with its memory warning and black box; True if made here."""
         if self.monitor is not None and self.monitor.running:
             return self.monitor, False
-        # Sampled from a thread of the host's process: the helper is the
-        # process no GIL-held call of the kernel's can stall.
-        monitor = Monitor(self.pid, options=Options.of(Options(**options) if options else None, backend="thread"))
+        # Sampled from a thread of the host's process by default (Options.backend): the helper
+        # is the process no GIL-held call of the kernel's can stall.
+        monitor = Monitor(self.pid, options=Options(**options) if options else Options())
         self._guard = watch_kernel(monitor, self.note, self.outlet.say, self.outlet.stop_cell)
         self.monitor, self._owner = monitor, owner
         return monitor, True

@@ -289,7 +289,7 @@ class ResmonMagics(Magics):
             options = Options.from_arguments(args)
         except ValueError as err:
             raise UsageError(str(err)) from None
-        backend = getattr(args, "backend", None)   # given: the session runs there
+        where = getattr(args, "session", None)   # given: the session runs there
         outputs = {name: _unquote(path) for name, path in senders.outputs_given(args, MAGIC).items()}
         streamed = [senders.SINKS[name].flag for name in outputs]
         if cell is not None:
@@ -297,7 +297,7 @@ class ResmonMagics(Magics):
                 raise UsageError(f"%%resmon takes options only, not {args.subcommand!r}")
             _only(streamed, "%resmon start")
             try:
-                return self._run_cell(cell, options, backend, args)
+                return self._run_cell(cell, options, where, args)
             except _ShownFailure:
                 return None
         _only([name for name, given in (("--label", args.label), ("--quiet", args.quiet), ("-o", args.output))
@@ -311,11 +311,11 @@ class ResmonMagics(Magics):
             _only(streamed, "%resmon start")
         if args.subcommand == "auto":
             return self._auto(args.value, _seconds(args.threshold, "--threshold", 1.0, zero_ok=True),
-                              options, backend)
+                              options, where)
         if args.value:
             raise UsageError(f"%resmon {args.subcommand} takes no value, got {args.value!r}")
         if args.subcommand == "start":
-            return self._start_line(args, options, backend, outputs)
+            return self._start_line(args, options, where, outputs)
         if args.subcommand == "stop":
             return self.stop()
         if args.subcommand == "status":
@@ -329,7 +329,7 @@ class ResmonMagics(Magics):
         return ResourceSummary.from_dict(got) if got is not None else None
 
     # -- line magic ------------------------------------------------------
-    def _start_line(self, args, options: Options, backend: str | None, outputs: dict[str, str]) -> None:
+    def _start_line(self, args, options: Options, where: str | None, outputs: dict[str, str]) -> None:
         """``%resmon [start]``: the live chart of the kernel's monitor (or of
         a Dask cluster), every sample streamed to ``outputs``."""
         window = _seconds(args.window, "--window", DEFAULT_WINDOW_S)
@@ -344,7 +344,7 @@ class ResmonMagics(Magics):
             raise UsageError(str(err)) from None
         outputs = senders.anchored(outputs)   # the kernel's cwd, not the host's
         try:
-            host = SESSION.host_for(backend)
+            host = SESSION.host_for(where)
             info = host.info()
             if info["running"] and hasattr(args, "interval") and options.interval != info["interval"]:
                 print(f"nbmon: already sampling every {info['interval']:g} s; "
@@ -480,13 +480,13 @@ class ResmonMagics(Magics):
             return printable(f"nbmon: {err}")
 
     # -- cell magic ------------------------------------------------------
-    def _run_cell(self, cell: str, options: Options, backend: str | None, args):
+    def _run_cell(self, cell: str, options: Options, where: str | None, args):
         shell = self.shell
         self._close_pending()   # a cell that runs the magic more than once
         number = prompt_number(shell)
         try:
-            host = SESSION.host_for(backend)
-            if self._quiet_note(args, backend):
+            host = SESSION.host_for(where)
+            if self._quiet_note(args, where):
                 opened = {"token": f"cell-{next(self._tokens)}", "meter_id": None, "start_time": time.time(),
                           "t_open": math.nan, "noted": True}
                 SESSION.notify("cell_open_note", opened["token"], number, 0.0, resident_mb(), options_dict(options),
@@ -527,13 +527,13 @@ class ResmonMagics(Magics):
                 self._closing = (host, opened, status, args, record, slot)
         return summary if args.output else value
 
-    def _quiet_note(self, args, backend: str | None) -> bool:
+    def _quiet_note(self, args, where: str | None) -> bool:
         """Whether a ``%%resmon`` cell opens and closes by notes, the kernel
         waiting for no answer: a quiet one (nothing shown, nothing returned,
         no Dask cluster watched) once an answer said the monitor runs in a
         helper that still answers."""
         nbmon_dask = sys.modules.get("nbmon.dask")
-        return (args.quiet and not args.output and backend is None and self._monitor_known and SESSION.remote
+        return (args.quiet and not args.output and where is None and self._monitor_known and SESSION.remote
                 and not SESSION.host.gone and (nbmon_dask is None or nbmon_dask.watching() is None))
 
     def _close_cell(self, host, opened: dict, status: str, args, record, slot: str | None = None):
@@ -604,11 +604,11 @@ class ResmonMagics(Magics):
 
     # -- auto mode -------------------------------------------------------
     def _auto(self, value: str | None, threshold: float = 1.0, options: Options | None = None,
-              backend: str | None = None, quiet: bool = False) -> None:
+              where: str | None = None, quiet: bool = False) -> None:
         if value == "on":
             self.auto_threshold_s = threshold
             try:
-                SESSION.sizes.watch(SESSION.host_for(backend).start(options_dict(options), owner="auto")["variables"])
+                SESSION.sizes.watch(SESSION.host_for(where).start(options_dict(options), owner="auto")["variables"])
             except Exception as err:  # noqa: BLE001
                 self.auto_threshold_s = None
                 _said(err)

@@ -1,6 +1,6 @@
 """The notebook's session as the kernel holds it: a host
 (:class:`~nbmon.helper.host.SessionHost`, in a helper process by default,
-:mod:`nbmon.kernel.remote`; in the kernel with ``backend="thread"`` or
+:mod:`nbmon.kernel.remote`; in the kernel with ``session="kernel"`` or
 where no helper can start), the last cell's summary, and what the user
 reads: :func:`monitor`, :func:`history` and :func:`samples` (pandas
 DataFrames, imported when asked for), :func:`last_summary`.
@@ -21,7 +21,7 @@ from ..report.summary import ResourceSummary
 from .namespace import CellSizes
 
 # Where the session runs by default: a helper process, where one can run.
-DEFAULT_BACKEND = "process" if sys.platform.startswith("linux") else "thread"
+DEFAULT_SESSION = "helper" if sys.platform.startswith("linux") else "kernel"   # Options.session
 
 
 def options_dict(options: Options | None) -> dict | None:
@@ -60,7 +60,7 @@ class Session:
     def remote(self) -> bool:
         return getattr(self.host, "REMOTE", False)
 
-    def connect(self, *, kernel: bool, outlet=None, backend: str = DEFAULT_BACKEND) -> dict:
+    def connect(self, *, kernel: bool, outlet=None, where: str = DEFAULT_SESSION) -> dict:
         """Start the session's host (a no-op once started), its own outputs
         shown through ``outlet``; returns its hello: the post-mortem of this
         notebook's last kernel, if it died."""
@@ -70,11 +70,11 @@ class Session:
             self.host.outlet = self.outlet
             return {"outputs": [], "problem": "", "note": ""}
         check_room()
-        self.host = self._new_host(backend)
+        self.host = self._new_host(where)
         return self.host.hello()
 
-    def _new_host(self, backend: str):
-        if backend == "process":
+    def _new_host(self, where: str):
+        if where == "helper":
             from .remote import START_TIMEOUT_S, HostError, RemoteHost
 
             try:
@@ -92,22 +92,22 @@ class Session:
 
         return SessionHost(os.getpid(), self.outlet, kernel=self.kernel)
 
-    def host_for(self, backend: str | None):
-        """The host to run a monitor on: the current one, unless ``backend``
-        asks for the other kind and no monitor runs yet (``"thread"``: in
-        the kernel; ``"process"``: in a helper)."""
+    def host_for(self, where: str | None):
+        """The host to run a monitor on: the current one, unless ``where``
+        (Options.session) asks for the other place and no monitor runs yet
+        (``"kernel"``: in the kernel; ``"helper"``: in a helper process)."""
         check_room()   # what starts next opens descriptors here too (pyzmq's, for a big message: it aborts without)
         host = self.host
         if host is None:
-            self.connect(kernel=self.kernel, backend=backend or DEFAULT_BACKEND)
+            self.connect(kernel=self.kernel, where=where or DEFAULT_SESSION)
         elif getattr(host, "gone", None):   # its helper ended (killed, out of memory) or was ended (stuck)
             why = host.gone
             self.close()
-            self.host = self._new_host(backend or "process")
+            self.host = self._new_host(where or "helper")
             self.outlet.say(f"nbmon: {why}; a new helper process watches from here (what the old one held is gone)")
-        elif backend is not None and (backend == "process") != self.remote and not host.info()["running"]:
+        elif where is not None and (where == "helper") != self.remote and not host.info()["running"]:
             self.close()
-            self.host = self._new_host(backend)
+            self.host = self._new_host(where)
         return self.host
 
     def notify(self, method: str, *args) -> None:
@@ -191,18 +191,18 @@ def monitor(options: Options | None = None, *, consumers=(), overwrite: bool = F
         nbmon.monitor(consumers=[my_sender])
 
     Consumers of your own run in the kernel: the session then runs there
-    too (``backend="thread"``), as it does when asked for by name.
+    too (``session="kernel"``), as it does when asked for by name.
     """
     from ..sinks.senders import MONITOR, anchored, check_outputs, sinks
 
     names = {sink.name for sink in sinks(MONITOR)}
     outputs = {name: path for name, path in settings.items() if name in names and path is not None}
     settings = {k: v for k, v in settings.items() if k not in names}
-    backend = settings.get("backend") or ("thread" if consumers else None)
+    where = settings.get("session") or ("kernel" if consumers else None)
     options = Options.of(options, **settings)   # refused before any file is made
     check_outputs(outputs, overwrite, "pass overwrite=True to replace it")
     outputs = anchored(outputs)   # the host's cwd is /
-    host = SESSION.host_for(backend)
+    host = SESSION.host_for(where)
     SESSION.sizes.watch(host.start(options_dict(options), outputs, overwrite)["variables"])
     handle = SESSION.monitor
     for consumer in consumers:

@@ -32,8 +32,8 @@ from ... import catalog
 from ...options import SLOW_EVERY_S
 from ...values import NAN
 from ..cgroup import cgroup_dirs, cpu_limit
-from .linux import LOGICAL_CPUS, ProcBackend, affinity, capped
-from .pstree import PsutilBackend
+from .linux import LOGICAL_CPUS, ProcReader, affinity, capped
+from .pstree import PsutilReader
 
 class ProcessTree:
     """Samples a process and, unless ``children=False``, all its descendants.
@@ -78,7 +78,7 @@ class ProcessTree:
         self.slow_every_s = slow_every_s
         if use_proc is None:
             use_proc = sys.platform.startswith("linux") and os.path.exists(f"/proc/{self.pid}/stat")
-        self._backend = ProcBackend(self) if use_proc else PsutilBackend(self)
+        self._reader = ProcReader(self) if use_proc else PsutilReader(self)
         self._want_reset = exact_peaks and use_proc
         self.peaks = "sampled"
         self.gone = 0            # processes of the tree that disappeared since start()
@@ -93,39 +93,40 @@ class ProcessTree:
         self._last_slow_t = -math.inf
 
     @property
-    def backend(self) -> str:
-        return self._backend.name
+    def reader(self) -> str:
+        """How the tree is read: "proc" (/proc) or "psutil"."""
+        return self._reader.name
 
     @property
     def pids(self) -> tuple[int, ...]:
-        return self._backend.pids()
+        return self._reader.pids()
 
     @property
     def root_alive(self) -> bool:
-        return self._backend.root_alive
+        return self._reader.root_alive
 
     @property
     def alive(self) -> bool:
         """The root lives, or (adopting) any process of the tree does."""
-        return self._backend.root_alive or (self.adopt and bool(self._backend.pids()))
+        return self._reader.root_alive or (self.adopt and bool(self._reader.pids()))
 
     def drain_faults(self) -> list[str]:
         """Reads that failed for reasons other than a process exiting (EMFILE,
         say) since the last call, in words (the sampler counts them): the
         processes stay in the tree, their figures as last read."""
-        errors, self._backend.errors = self._backend.errors, []
+        errors, self._reader.errors = self._reader.errors, []
         return errors
 
     def start(self, now: float | None = None) -> None:
         """Open the tree and prime the CPU baseline. Raises ProcessLookupError
         if the pid does not exist."""
         now = time.monotonic() if now is None else now
-        self._backend.open()
-        self.peaks = self._backend.peak_mode(self._want_reset)
+        self._reader.open()
+        self.peaks = self._reader.peak_mode(self._want_reset)
         self._cgroup = cgroup_dirs(self.pid)
         self._refresh_limits()
-        cpu_s, _ = self._backend.refresh(now, 0.0, slow=True)
-        self._backend.settle()
+        cpu_s, _ = self._reader.refresh(now, 0.0, slow=True)
+        self._reader.settle()
         self._last_t = self._last_slow_t = now
         self._last_cpu_s = self._start_cpu_s = cpu_s
         self._cpu_carry_s = 0.0
@@ -141,7 +142,7 @@ class ProcessTree:
         self._last_slow_t = -math.inf
 
     def sample(self, now: float) -> dict[str, float]:
-        b = self._backend
+        b = self._reader
         slow = now - self._last_slow_t >= self.slow_every_s
         if slow:
             self._last_slow_t = now
@@ -162,7 +163,7 @@ class ProcessTree:
         cpu_percent = shown_s / dt * 100.0 if dt > 0 else NAN
         self._last_t, self._last_cpu_s = now, cpu_s
         return {
-            **dict.fromkeys(self.fields, NAN),   # what a backend cannot read (a newer metric) is unknown alone
+            **dict.fromkeys(self.fields, NAN),   # what a reader cannot read (a newer metric) is unknown alone
             "proc_cpu_percent": cpu_percent,
             "proc_cpu_norm_percent": cpu_percent / self.cpus,
             "proc_cpu_time_s": cpu_s - self._start_cpu_s,
@@ -172,8 +173,8 @@ class ProcessTree:
         }
 
     def close(self) -> None:
-        self._backend.close()
+        self._reader.close()
 
     def abandon(self) -> None:
         """In a forked child: drop the fds, leave the shared peak marks to the parent."""
-        self._backend.abandon()
+        self._reader.abandon()

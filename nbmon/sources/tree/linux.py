@@ -1,5 +1,5 @@
 """The process tree read straight from /proc (Linux): one :class:`Proc`
-per process, and :class:`ProcBackend`, which finds the tree's processes,
+per process, and :class:`ProcReader`, which finds the tree's processes,
 reads them within the fd budget and forgets those that exit. Its figures
 become the tree's in :class:`~nbmon.sources.tree.ProcessTree`."""
 from __future__ import annotations
@@ -183,7 +183,7 @@ def all_thread_child_pids(pid: int) -> list[int]:
     return pids
 
 
-class ProcBackend:
+class ProcReader:
     """Linux: /proc read directly (see the module's docstring)."""
 
     name = "proc"

@@ -21,7 +21,7 @@ class _PsReading(NamedTuple):
     write_bytes: float
 
 
-class PsutilBackend:
+class PsutilReader:
     """Portable fallback through psutil: memory is the RSS sum and peaks are
     sampled (no high-water marks, no PSS)."""
 
@@ -109,7 +109,7 @@ class PsutilBackend:
             if last and parent not in self.procs and parent not in vanished:
                 self.retained_cpu_s += last.cpu_s
         backfill_s = 0.0
-        for child in found:  # as the /proc backend: spread over the child's life
+        for child in found:  # as the /proc reader: spread over the child's life
             try:
                 age_s = time.time() - child.create_time()
             except (ps.NoSuchProcess, ps.AccessDenied):
