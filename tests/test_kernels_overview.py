@@ -179,6 +179,23 @@ def test_the_table_is_sorted_and_totalled(kernels):
     assert text[-1].startswith(f"{len(by_memory['kernels'])} kernels: "), text[-1]
 
 
+def test_the_room_left_is_the_containers_where_it_has_a_limit(kernels):
+    # nbmon kernels run in a real 600 MiB memory cgroup the test makes: the total line's room is its limit's.
+    from cgroups import MemoryCgroup
+
+    with MemoryCgroup(limit_mb=600) as group:
+        code = ("import os, sys\n"
+                f"open({os.path.join(group.path, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
+                "from nbmon.cli import main\n"
+                "sys.exit(main(['kernels', '--json']))")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["room_of"] == "container" and shown["limit_mb"] == 600, shown
+    assert 300 < shown["room_mb"] < 600, shown   # less what the command itself holds (~60 MiB)
+    assert sorted(ours(shown, kernels)) == sorted(CELLS)
+
+
 def test_a_kernel_sees_itself_in_its_own_table(kernels):
     idle = kernels["idle.ipynb"]
     got = []

@@ -66,8 +66,8 @@ class Kernels:
     def __init__(self, gpu: bool = True):
         self._trees: dict[tuple[int, int], tuple[ProcessTree, Cgroup]] = {}
         self._gpus = GPUs() if gpu else None
-        self._own = Cgroup()
-        self._machine = Machine()
+        self._own = Cgroup(slow_every_s=0.0)   # read at every refresh, however soon after the last
+        self._machine = Machine(slow_every_s=0.0)
         self._started = False
 
     def _start(self, now: float) -> None:
