@@ -5,8 +5,9 @@ place until ``q``): every Jupyter kernel of this user on this host
 ``top`` draws with rich's live display (the optional extra ``nbmon[top]``):
 a well-kept library that redraws in place, follows the terminal's size and
 puts the screen back as it was, where hand-written escape codes would
-not; what it draws is ``nbmon kernels``'s text, cut to the terminal's width. Keys are read from the terminal in cbreak mode (no echo, no Enter),
-restored on the way out.
+not; what it draws is ``nbmon kernels``'s text, cut to the terminal's
+width. Keys are read from the terminal in cbreak mode (no echo, no
+Enter), restored on the way out.
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..launch import spawned
 from ..private import started_in
+from .procfs import read_path
 
 ENVIRON_BYTES = 1 << 18      # a kernel's environment is read up to this much
 SESSION_VARIABLE = b"JPY_SESSION_NAME="   # the notebook's path, set by jupyter_server as it starts the kernel
@@ -64,26 +65,9 @@ def connection_file(argv: list[str]) -> str | None:
     return None
 
 
-def _read(path: str, size: int) -> bytes:
-    """Up to ``size`` bytes of a /proc file (raw reads: no file object, one
-    is made for every process at every refresh)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks, left = [], size
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def _session(pid: int) -> str:
     try:
-        environ = _read(f"/proc/{pid}/environ", ENVIRON_BYTES)
+        environ = read_path(f"/proc/{pid}/environ", ENVIRON_BYTES)
     except OSError:   # gone, or not readable (a process made undumpable): shown without it
         return ""
     for entry in environ.split(b"\0"):
@@ -120,7 +104,7 @@ def find_kernels(uid: int | None = None, members: frozenset[int] = frozenset()) 
             try:
                 if entry.stat().st_uid != uid:
                     continue
-                raw = _read(f"/proc/{pid}/cmdline", 1 << 16)
+                raw = read_path(f"/proc/{pid}/cmdline", 1 << 16)
                 if b".json" not in raw:   # most processes: not a kernel, nothing to decode
                     if b"-I\0-c\0" in raw and spawned(raw.split(b"\0")):
                         helpers.add(pid)
@@ -128,7 +112,7 @@ def find_kernels(uid: int | None = None, members: frozenset[int] = frozenset()) 
                 path = connection_file([a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")])
                 if path is None:
                     continue
-                stat = _read(f"/proc/{pid}/stat", 1024)
+                stat = read_path(f"/proc/{pid}/stat", 1024)
                 files[pid] = (path, started_in(stat), int(stat[stat.rindex(b")") + 2:].split()[1]))
             except (OSError, ValueError, IndexError):   # gone meanwhile
                 continue
