@@ -57,6 +57,14 @@ class MemoryCgroup:
     def usage_mb(self) -> float:
         return self._read_mb("memory.usage_in_bytes" if self.version == 1 else "memory.current")
 
+    def working_set_mb(self) -> float:
+        """The usage less the inactive page cache (the kernel reclaims it
+        before it OOM-kills): what kubelet calls the working set."""
+        key = "total_inactive_file" if self.version == 1 else "inactive_file"
+        with open(os.path.join(self.path, "memory.stat")) as f:
+            inactive = next(int(line.split()[1]) for line in f if line.split()[0] == key)
+        return self.usage_mb() - inactive / 2**20
+
     def peak_mb(self) -> float:
         """The group's exact peak since it was made (the kernel's own high-water mark of the group)."""
         return self._read_mb("memory.max_usage_in_bytes" if self.version == 1 else "memory.peak")

@@ -174,21 +174,22 @@ TRANSIENT = ("%%resmon --label transient\n"
              "    transient()\n"
              "except MemoryError:\n"
              "    pass")
-GROWTH_MARGIN_MB = 15   # the guard reads 20 a second, less the inactive page cache: 2.5-8 MiB below the truth seen
+GROWTH_MARGIN_MB = 10   # the guard reads 20 a second, the peak is held 0.3 s: 0-1.2 MiB from the truth (idle, loaded)
 FORESIGHT = re.compile(r"^nbmon: (?:this cell grew by|the memory guard stopped this cell last time, after it "
                        r"grew by) ([\d.]+) MiB.*; ([\d.]+) MiB is free below the container's 400 MiB memory limit$")
 
 
 @contextlib.contextmanager
 def usage_watched(group: MemoryCgroup):
-    """The cgroup's usage as the block starts (``before``) and its highest,
-    read every 5 ms while it runs (``peak``): the truth, from outside nbmon."""
-    seen = SimpleNamespace(before=group.usage_mb(), peak=0.0)
+    """The cgroup's working set (what the OOM killer goes by) as the block
+    starts (``before``) and its highest, read every 5 ms while it runs
+    (``peak``): the truth, from outside nbmon."""
+    seen = SimpleNamespace(before=group.working_set_mb(), peak=0.0)
     done = threading.Event()
 
     def watch():
         while not done.wait(0.005):
-            seen.peak = max(seen.peak, group.usage_mb())
+            seen.peak = max(seen.peak, group.working_set_mb())
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -340,3 +341,28 @@ def test_a_cell_that_grew_by_more_than_is_free_is_told_so_as_it_starts(monkeypat
     run(1000, "fill")
     run(1001, f"cell {memguard.FORESIGHT_KEPT - 1}")
     assert said == [] and len(guard._grown) == memguard.FORESIGHT_KEPT
+
+
+def test_the_cell_that_starts_the_guard_grew_from_the_guards_making(monkeypatch):
+    """The first ``%%resmon`` cell makes the monitor and its guard, then runs;
+    on a loaded machine the consumer thread's first turn comes after the cell
+    has grown. Its growth counts from the read the guard made as it was made
+    (100 MiB), not from its first turn (125 MiB): told 50 MiB, not 25.
+    Before, the first 25 MiB were lost and the next run was not told."""
+    from nbmon.postmortem import memguard
+    from nbmon.postmortem.memwarn import CONTAINER, Level
+
+    said, used, running, clock = [], [100.0], [(1, 100.0, "cell")], [100.0]
+    monkeypatch.setattr(memguard, "time", SimpleNamespace(monotonic=lambda: clock[0], time=lambda: clock[0]))
+    monkeypatch.setattr(memguard.MemoryGuard, "_read", lambda self: Level(CONTAINER, used[0], 400.0))
+    guard = memguard.MemoryGuard(os.getpid(), "auto", stop=lambda number, level: None,
+                                 running_cell=lambda: running[0], say=said.append)
+    for mb, cell in ((125.0, running[0]), (150.0, running[0]), (100.0, None)):   # 0.5 s apart
+        clock[0] += 0.5
+        used[0], running[0] = mb, cell
+        guard.consume(None, False)
+    used[0], running[0] = 360.0, (2, clock[0] + 0.5, "cell")   # 40 MiB free
+    clock[0] += 0.5
+    guard.consume(None, False)
+    assert said == ["nbmon: this cell grew by 50.0 MiB at its peak last time; 40.0 MiB is free below "
+                    "the container's 400 MiB memory limit"], said

@@ -97,6 +97,11 @@ class MemoryGuard:
         self._near = self._cell_runs = False
         self._armed = True
         self._stopped_in = None
+        # A first read now, not at the consumer thread's first turn: the cell that starts
+        # the monitor may already be growing then, and its growth counts from here.
+        level = self._read() if percent is not None else None
+        if level is not None:
+            self._reads.append((time.monotonic(), level.used_mb))
 
     @property
     def every_s(self) -> float:
