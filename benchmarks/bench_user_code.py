@@ -189,6 +189,29 @@ def per_cell(rounds: int, versions: dict[str, str | None]) -> list[str]:
     return lines
 
 
+def first_cell(rounds: int, versions: dict[str, str | None], later: int = 5) -> list[str]:
+    """The first ``%%resmon`` cell after ``%load_ext`` (the monitor starts in
+    it) against the ones after it, by the kernel's clock: a fresh kernel per
+    version and round, the user taking 2 s to write that first cell."""
+    took = {(v, k): [] for v in versions for k in ("first", "later")}
+    for r in range(rounds):
+        for version, checkout in rotated(list(versions.items()), r):
+            kernel = Kernel(checkout)
+            try:
+                kernel.run("%load_ext nbmon")
+                time.sleep(2.0)
+                took[version, "first"].append(kernel.run("%%resmon\npass")[1] * 1000)
+                took[version, "later"].append(statistics.median(kernel.run("%%resmon\npass")[1] * 1000
+                                                                for _ in range(later)))
+            finally:
+                kernel.close()
+    lines = ["| | " + " | ".join(f"{v}: ms, median (min–max)" for v in versions) + " |",
+             "|---" * (len(versions) + 1) + "|"]
+    for key, name in (("first", "the first `%%resmon` cell"), ("later", f"the {later} after it (each round's median)")):
+        lines.append(f"| {name} | " + " | ".join(med(took[v, key], 1) for v in versions) + " |")
+    return lines
+
+
 def footprint(checkout: str | None) -> list[str]:
     steps = [("a plain kernel", None), ("`%load_ext nbmon`", "%load_ext nbmon"),
              ("a `%%resmon` cell", "%%resmon --quiet\npass"), ("`%resmon` (live chart)", "%resmon"),
@@ -277,6 +300,8 @@ def main() -> None:
     lines += ["A trivial cell, by the kernel's own clock (`execute_input` to `execute_reply`, hooks included), "
               "interleaved:", ""]
     lines += per_cell(args.rounds, versions)
+    lines += ["", "The first `%%resmon` cell after `%load_ext` (its monitor starts then), by the kernel's clock:", ""]
+    lines += first_cell(args.rounds, versions)
     for version, checkout in versions.items():
         lines += ["", f"nbmon's footprint in the kernel, {version}: what each step adds (a plain kernel's own "
                       "figures first; objects counted after a full collection; its helper processes apart):", ""]

@@ -11,6 +11,7 @@ frames through the same locked pipe. Widgets are the usual ones
 """
 from __future__ import annotations
 
+import importlib
 import os
 import queue
 import select
@@ -22,6 +23,7 @@ from ..launch import StartError, write_all
 from .protocol import CALLS, NOTES, Reader, check, pack
 
 PARENT_CHECK_S = 1.0
+WARMED = ("psutil", "pynvml", "nbmon.views.meter")   # imported in the background as the helper starts
 
 
 class Pipe:
@@ -149,8 +151,8 @@ def main(argv: list[str]) -> int:
     comm.create_comm = lambda *args, **kwargs: comm_class(*args, **kwargs)
     host = SessionHost(pid, Outlet(pipe), kernel=kernel)
     host.pending = []   # a cell's summary is made once its kernel has its answer
-    # The first %%resmon cell's meter needs the widgets: imported now, here,
-    # while the kernel runs on (not in that cell's wait).
+    # What the first %%resmon cell's wait would import (its monitor's psutil and
+    # pynvml, its meter's widgets): imported now, here, while the kernel runs on.
     threading.Thread(target=_warm, name="nbmon-warmup", daemon=True).start()
     reader = Reader(sys.stdin.fileno())
     while True:
@@ -187,10 +189,11 @@ def _warm() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):
         pass
-    try:
-        from ..views import meter  # noqa: F401
-    except Exception:  # noqa: BLE001 - the meter's own import will say why
-        pass
+    for module in WARMED:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - its own import, where used, will say why
+            pass
 
 
 def _answer(host, head) -> tuple[dict, list]:
