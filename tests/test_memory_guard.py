@@ -33,6 +33,13 @@ GROW = ("import time\n"
         "        time.sleep(0.05)")
 KEPT = "kept = np.arange(1 << 20)\nkept_sum = int(kept.sum())"
 STILL_KEPT = "print(int(kept.sum()) == kept_sum)"
+# The user's profiler: under CPython 3.11 a guard that left its signal set looped forever here.
+PROFILED = ("import cProfile\n"
+            "profile = cProfile.Profile()\n"
+            "profile.enable()\n"
+            "total = sum(abs(i) for i in range(1000))\n"
+            "profile.disable()\n"
+            "print(total)")
 
 
 @pytest.fixture
@@ -66,6 +73,24 @@ def test_a_growing_cell_is_stopped_and_the_kernel_keeps_its_variables(private_di
                             "except MemoryError as err:\n    print(type(err).__name__)")
         assert stdout_of(caught).strip() == "MemoryGuardError"
         assert kernel.process.poll() is None and group.oom_kills() == kills
+        kernel.client.timeout = 60
+        assert stdout_of(kernel.run(PROFILED)).strip() == "499500"
+
+
+def test_the_users_profiler_runs_after_watched_cells(private_dir, tmp_path):
+    """cProfile (``%prun``, ``%%prun``) in a kernel nbmon watches, after a
+    plain cell, a ``%%resmon`` cell and in one; no stop was asked. Before,
+    every cell's end cleared a stop that was never asked for, and the next
+    profiled call never returned (CPython 3.11)."""
+    with Kernel(str(tmp_path / "profiled.ipynb")) as kernel:
+        kernel.client.timeout = 60
+        kernel.run("%load_ext nbmon")
+        kernel.run("x = 1")
+        kernel.run("%%resmon --quiet\ny = 2")
+        assert stdout_of(kernel.run(PROFILED)).strip() == "499500"
+        assert stdout_of(kernel.run("%%resmon --quiet\n" + PROFILED)).strip() == "499500"
+        kernel.run(f"%%prun -q -D {tmp_path / 'prun.stats'}\nsum(range(10))")
+        assert (tmp_path / "prun.stats").stat().st_size > 0
 
 
 def test_with_the_guard_off_the_kernel_is_killed(private_dir, guarded, tmp_path):

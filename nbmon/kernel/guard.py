@@ -11,7 +11,11 @@ heap gives the freed memory back: ``%debug`` then shows the stopped
 cell's frames without them). Only while the cell it was asked
 for runs its code (from ``pre_run_cell`` to ``post_execute``): a stop that
 comes as the cell ends is dropped, and one still pending then is withdrawn,
-so the next cell never gets it.
+so the next cell never gets it. It is withdrawn by one of ours, raised and
+caught at once: ``PyThreadState_SetAsyncExc(id, NULL)`` leaves the
+interpreter's signal for it set (CPython 3.11 and 3.12), and with a profiler
+or tracer on (cProfile, ``%prun``, a debugger) 3.11 then loops forever at the
+next function's start.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import threading
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
 _set_async_exc.argtypes = (ctypes.c_ulong, ctypes.c_void_p)
 _set_async_exc.restype = ctypes.c_int
+_MAIN_THREAD_ID = threading.main_thread().ident   # the kernel's, where cells run
 
 
 try:
@@ -52,15 +57,27 @@ def cell_runs(number) -> None:
         _running[0] = number
 
 
+class _Withdrawn(Exception):
+    """Takes the place of a stop still pending as its cell ends, and is caught at once."""
+
+
+def _delivered() -> None:
+    """A Python function's start: where a pending asynchronous exception is raised."""
+
+
 def cell_ran() -> None:
     """post_execute: its code ended; a stop still pending is withdrawn. A
     cell the guard stopped lets go of its frames' memory: the traceback
     IPython keeps of it (``sys.last_traceback``) no longer holds their locals."""
     with _lock:
         _running[0] = None
-        _set_async_exc(threading.main_thread().ident, None)
         stopped, _stopped[0] = _stopped[0], False
     if stopped:
+        try:
+            _set_async_exc(_MAIN_THREAD_ID, id(_Withdrawn))   # this thread: raised at its next call
+            _delivered()
+        except _Withdrawn:
+            pass
         if isinstance(getattr(sys, "last_value", None), MemoryGuardError):
             _let_go(sys.last_traceback)
         if _malloc_trim is not None:   # what the frames held goes back to the container, not to malloc's heap
@@ -90,5 +107,5 @@ def stop(number, text: str) -> bool:
             return False
         _running[0] = None
         _said[0] = text
-        _stopped[0] = _set_async_exc(threading.main_thread().ident, id(MemoryGuardError)) == 1
+        _stopped[0] = _set_async_exc(_MAIN_THREAD_ID, id(MemoryGuardError)) == 1
         return _stopped[0]
