@@ -485,8 +485,10 @@ class ResmonMagics(Magics):
         self._close_pending()   # a cell that runs the magic more than once
         number = prompt_number(shell)
         try:
-            host = SESSION.host_for(where)
-            if self._quiet_note(args, where):
+            noted = self._quiet_note(args, where)
+            # A quiet cell's notes start nothing: no host_for(), which checks for room to start one.
+            host = SESSION.host if noted else SESSION.host_for(where)
+            if noted:
                 opened = {"token": f"cell-{next(self._tokens)}", "meter_id": None, "start_time": time.time(),
                           "t_open": math.nan, "noted": True}
                 SESSION.notify("cell_open_note", opened["token"], number, 0.0, resident_mb(), options_dict(options),
