@@ -101,11 +101,11 @@ class Kernel:
         self.km.shutdown_kernel(now=True)
 
 
-def cpu_s(pid: int) -> float:
-    """utime + stime of ``pid`` (its reaped children's too), from /proc, in seconds."""
+def cpu_s(pid: int, reaped: bool = True) -> float:
+    """utime + stime of ``pid`` (with ``reaped``, its reaped children's too), from /proc, in seconds."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return sum(int(v) for v in fields[11:15 if reaped else 13]) / os.sysconf("SC_CLK_TCK")
 
 
 def children(pid: int) -> list[int]:
@@ -158,18 +158,28 @@ def user_code(rounds: int, versions: dict[str, str | None]) -> list[str]:
     return lines
 
 
-def per_cell(rounds: int, versions: dict[str, str | None]) -> list[str]:
-    """A trivial cell's milliseconds by the kernel's clock, interleaved."""
-    variants = [("no nbmon", [], "pass"), ("`%%resmon --quiet` cell", ["%load_ext nbmon"], "%%resmon --quiet\npass"),
-                ("`%%resmon` cell (record shown)", ["%load_ext nbmon"], "%%resmon\npass"),
-                ("auto mode", ["%load_ext nbmon", "%resmon auto on"], "pass")]
+PER_CELL_VARIANTS = [
+    ("no nbmon", [], "pass"), ("`%%resmon --quiet` cell", ["%load_ext nbmon"], "%%resmon --quiet\npass"),
+    ("`%%resmon` cell (record shown)", ["%load_ext nbmon"], "%%resmon\npass"),
+    ("auto mode", ["%load_ext nbmon", "%resmon auto on"], "pass")]
+
+
+def variant_kernels(versions: dict[str, str | None]) -> dict[tuple[str, str], Kernel]:
+    """A kernel per version and PER_CELL_VARIANTS entry, set up, its cell run once."""
     kernels = {}
     for version, checkout in versions.items():
-        for name, setup, cell in variants:
+        for name, setup, cell in PER_CELL_VARIANTS:
             kernel = kernels[version, name] = Kernel(checkout)
             for line in setup:
                 kernel.run(line)
             kernel.run(cell)
+    return kernels
+
+
+def per_cell(rounds: int, versions: dict[str, str | None]) -> list[str]:
+    """A trivial cell's milliseconds by the kernel's clock, interleaved."""
+    variants = PER_CELL_VARIANTS
+    kernels = variant_kernels(versions)
     took = {key: [] for key in kernels}
     try:
         for _ in range(rounds * 10):
@@ -186,6 +196,39 @@ def per_cell(rounds: int, versions: dict[str, str | None]) -> list[str]:
             values, base = took[version, name], statistics.median(took[version, "no nbmon"])
             cells += [med(values, 1), f"{statistics.median(values) - base:+.1f}"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def cpu_per_cell(cells: int, versions: dict[str, str | None], block: int = 50) -> list[str]:
+    """The CPU a trivial cell costs the kernel process (all its threads) and
+    nbmon's helper (the kernel's children), read from /proc around blocks of
+    ``block`` cells, the variants interleaved block by block: per cell, ms."""
+    variants = PER_CELL_VARIANTS
+    kernels = variant_kernels(versions)
+    spent = {key: [0.0, 0.0] for key in kernels}
+    try:
+        for _ in range(max(1, cells // block)):
+            for (version, name), kernel in kernels.items():
+                cell = next(c for n, _, c in variants if n == name)
+                helpers = children(kernel.pid)
+                before = cpu_s(kernel.pid, False), sum(cpu_s(p, False) for p in helpers)
+                for _ in range(block):
+                    kernel.run(cell)
+                spent[version, name][0] += cpu_s(kernel.pid, False) - before[0]
+                spent[version, name][1] += sum(cpu_s(p, False) for p in helpers) - before[1]
+    finally:
+        for kernel in kernels.values():
+            kernel.close()
+    ran = max(1, cells // block) * block
+    lines = ["| cell | " + " | ".join(f"{v}: kernel CPU ms | {v}: added | {v}: helper CPU ms" for v in versions)
+             + " |", "|---" * (3 * len(versions) + 1) + "|"]
+    for name, *_ in variants:
+        row = []
+        for version in versions:
+            kernel_ms, helper_ms = (1000 * s / ran for s in spent[version, name])
+            base = 1000 * spent[version, "no nbmon"][0] / ran
+            row += [f"{kernel_ms:.2f}", f"{kernel_ms - base:+.2f}", f"{helper_ms:.2f}"]
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
     return lines
 
 
@@ -300,6 +343,9 @@ def main() -> None:
     lines += ["A trivial cell, by the kernel's own clock (`execute_input` to `execute_reply`, hooks included), "
               "interleaved:", ""]
     lines += per_cell(args.rounds, versions)
+    lines += ["", "The CPU a trivial cell costs, read from `/proc` around blocks of 50 cells (the kernel process's "
+              "threads; nbmon's helper apart), 400 cells per variant, interleaved by block:", ""]
+    lines += cpu_per_cell(400, versions)
     lines += ["", "The first `%%resmon` cell after `%load_ext` (its monitor starts then), by the kernel's clock:", ""]
     lines += first_cell(args.rounds, versions)
     for version, checkout in versions.items():

@@ -46,7 +46,7 @@ MODULE_TIERS = {
     "test_dask_browser": ("browser", "cluster"), "test_dask_cluster": ("cluster",),
     "test_dask_notebook": ("cluster", "kernel"), "test_cell_errors": ("kernel",), "test_corpus": ("kernel",), "test_peak_labels": ("kernel",), "test_footprint": ("kernel",), "test_notebooks": ("kernel",),
     "test_postmortem": ("kernel",), "test_variables": ("kernel",), "test_warmup": ("kernel",),
-    "test_memory_guard": ("kernel",),
+    "test_memory_guard": ("kernel",), "test_notebook_records": ("kernel",),
     "test_soak": ("slow",), "test_reliability_lifecycle": ("slow",), "test_plugins": ("slow",),
 }
 FIXTURE_TIERS = {"other_user": "multiuser", "shared_dir": "multiuser", "cluster": "cluster"}

@@ -34,7 +34,7 @@ LAYERS = (
     "sources.machine",
     "sources.gpus.nvml", "sources.gpus", "sources.kernels", "sources",
     "sampling.faults", "sampling.sampler", "sampling.process", "sampling.store", "sampling",
-    "report.variables", "report.render", "report.summary", "report.records", "report",
+    "report.variables", "report.render", "report.summary", "report.records", "report.notebooks", "report",
     "sinks.files", "sinks.senders", "sinks.consumers", "sinks",
     "postmortem.blackbox", "postmortem.memwarn", "postmortem.memguard", "postmortem.deaths", "postmortem",
     "overview",
@@ -45,7 +45,7 @@ LAYERS = (
     "views.dashboard", "views.cluster", "views",
     "helper.protocol", "helper.host", "helper.serve", "helper",
     "kernel.guard", "kernel.namespace", "kernel.remote", "kernel.session", "kernel.magics", "kernel",
-    "cli.ranks", "cli.demo", "cli.top", "cli", "cli.__main__",
+    "cli.ranks", "cli.demo", "cli.top", "cli.notebooks", "cli", "cli.__main__",
 )
 PACKAGES = ("sources", "sampling", "report", "sinks", "postmortem", "overview", "dask", "compat", "views", "helper", "kernel",
             "cli")

@@ -20,10 +20,12 @@ from pathlib import Path
 import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
+import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
 from cgroups import MemoryCgroup
 from helpers import wait_until
+from nbmon.report.notebooks import RECORD_MIME
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 LIMIT_MB = 450
@@ -213,12 +215,21 @@ def test_sigkill_is_no_oom(private_dir, tmp_path):
         number = first.nb.cells[-1].execution_count
         assert first.process.wait(30) == -signal.SIGKILL
     with Kernel(notebook) as second:
-        (record,) = postmortems(second.run("%load_ext nbmon"))
+        load = second.run("%load_ext nbmon")
+        (record,) = postmortems(load)
         assert "stopped without exiting normally" in record and "OOM killer" not in record
         assert f"[{number}] import pathlib, time" in record
         death = last_death(second)
+        nbformat.write(second.nb, tmp_path / "restarted.ipynb")
     assert death["cause"] == "unknown" and death["oom_kills"] == 0
     assert death["cell"]["number"] == number and death["pid"] == first.pid
+    # The post-mortem is data in the saved notebook too (issue 45), which nbmon report reads.
+    [data] = [o["data"][RECORD_MIME] for o in load.outputs if RECORD_MIME in o.get("data", {})]
+    assert data["kind"] == "postmortem" and data["death"]["pid"] == first.pid
+    report = subprocess.run([sys.executable, "-m", "nbmon.cli", "report", tmp_path / "restarted.ipynb"],
+                            capture_output=True, text=True, timeout=60)
+    assert report.returncode == 0, report.stderr
+    assert f"an earlier kernel of this notebook died in cell [{number}]: " in report.stdout, report.stdout
 
 
 def test_normal_shutdown_leaves_no_box_and_no_postmortem(private_dir):

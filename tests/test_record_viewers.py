@@ -26,6 +26,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from browser_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, JupyterLab, need_chromium, wait_for
 from dashboard_page import COLORS
+from nbmon.report.notebooks import RECORD_MIME
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 WORK = ("%%resmon --label work\nimport time\nblock = bytearray(200 * 2**20)\nt0 = time.perf_counter()\n"
@@ -237,3 +238,31 @@ def test_static_html(saved, browser, tmp_path, viewer, theme):
         check(shown, viewer)
     finally:
         page.close()
+
+
+def test_jupyterlab_saves_the_records_data(saved, browser):
+    """Saved through JupyterLab's UI, the notebook keeps what each record
+    carries as data (issue 45), which no viewer shows."""
+    lab, nb = saved
+    path = lab.root / "saved-in-lab.ipynb"
+    nbformat.write(nb, path)
+    written = path.stat().st_mtime_ns
+    page = browser.new_page(viewport={"width": 1300, "height": 1000})
+    try:
+        page.goto(f"{lab.url}/lab/tree/{path.name}?reset&token={lab.token}", timeout=120_000)
+        wait_for(lambda: (s := page.evaluate(READ)) and len(s["pictures"]) == RECORDS and s, 60, "the records")
+        assert RECORD_MIME.split("/")[1] not in page.evaluate(READ)["body"]   # the data is not shown
+        page.click(".jp-NotebookPanel .jp-Cell .jp-InputPrompt")
+        page.keyboard.press("Control+s")
+        wait_for(lambda: path.stat().st_mtime_ns != written, 30, "JupyterLab's save")
+    except BaseException:
+        page.screenshot(path=str(ARTIFACTS / "record-lab-save-failure.png"), full_page=True)
+        raise
+    finally:
+        page.close()
+        for kernel in lab.api("/api/kernels") or []:
+            lab.api(f"/api/kernels/{kernel['id']}", method="DELETE", timeout=20.0)
+    kept = [out.data[RECORD_MIME] for out in nbformat.read(path, as_version=4).cells[CELLS.index(WORK)].outputs
+            if RECORD_MIME in out.get("data", {})]
+    assert len(kept) == 1 and kept[0]["label"] == "work" and kept[0]["kind"] == "cell", kept
+    assert kept[0]["summary"]["duration_sec"] >= 0.8   # the cell's own loop ran 0.8 s

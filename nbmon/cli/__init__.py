@@ -1,5 +1,6 @@
-"""``nbmon run -- CMD``, ``nbmon demo``, ``nbmon report``, ``nbmon postmortem``,
-``nbmon kernels`` and ``nbmon top`` (:mod:`.top`).
+"""``nbmon run -- CMD``, ``nbmon demo``, ``nbmon report``, ``nbmon compare``
+(:mod:`.notebooks`), ``nbmon postmortem``, ``nbmon kernels`` and ``nbmon top``
+(:mod:`.top`).
 
 ``run`` starts the command, monitors its whole process tree, prints the
 summary to stderr when it ends and exits with the command's exit code
@@ -31,7 +32,7 @@ from contextlib import contextmanager
 from .. import options as opts
 from ..postmortem import deaths
 from ..postmortem.memguard import MemoryGuard, stop_text
-from . import ranks
+from . import notebooks, ranks
 from ..engine import Monitor
 from ..format import one_line, printable
 from ..options import Options, check_interval
@@ -45,7 +46,7 @@ from ..sources.tree.linux import all_thread_child_pids
 from ..values import NAN, known
 from ..report.summary import ResourceSummary
 
-VERBS = ("run", "demo", "report", "postmortem", "kernels", "top")
+VERBS = ("run", "demo", "report", "compare", "postmortem", "kernels", "top")
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 
 
@@ -74,6 +75,13 @@ def _say(text: str, file=None) -> None:
     print(printable(text), file=sys.stderr if file is None else file)
 
 
+def _count(text: str) -> int:
+    """A positive whole number for argparse (--top)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2 (argparse prints the usage too)
         raise UsageError(message)
@@ -97,13 +105,29 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--rank-dir", metavar="DIR", help="write this rank's samples to DIR/rank-<N>.jsonl, N "
                      "from RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID (torchrun, mpirun, Slurm)")
     run.add_argument("--rank", metavar="N", help="with --rank-dir: the rank, where no launcher sets one")
-    report = sub.add_parser("report", help="the ranks of a distributed job: the slowest, the largest, a timeline",
-                            usage="nbmon report FILE_OR_GLOB... [--html PATH] [--force] [--period S]")
-    report.add_argument("ranks", nargs="+", metavar="FILE_OR_GLOB", help="the ranks' JSON Lines files")
-    report.add_argument("--html", metavar="PATH", help="write an offline page: a timeline per metric, a trace per rank")
+    report = sub.add_parser("report", help="a notebook's costliest cells, or the ranks of a distributed job",
+                            usage="nbmon report NOTEBOOK.ipynb [--sort M] [--top N] [--json] [--html PATH] [--force]\n"
+                                  "       nbmon report FILE_OR_GLOB... [--html PATH] [--force] [--period S]")
+    report.add_argument("ranks", nargs="+", metavar="FILE_OR_GLOB",
+                        help="a saved or executed notebook, or the ranks' JSON Lines files")
+    report.add_argument("--html", metavar="PATH", help="write an offline page: the notebook's table, or the ranks' "
+                        "timeline per metric, a trace per rank")
     report.add_argument("--force", action="store_true", help="replace the page if it exists")
     report.add_argument("--period", metavar="S", help="seconds between the lines of files without times "
                         "(SystemMonitor's sample_rate_seconds)")
+    report.add_argument("--sort", choices=notebooks.SORTS, default="time",
+                        help="a notebook's cells: what to sort by, largest first (time)")
+    report.add_argument("--top", metavar="N", type=_count, help="a notebook's cells: only the N costliest")
+    report.add_argument("--json", action="store_true", help="a notebook's cells as JSON, for scripts")
+    compare = sub.add_parser("compare", help="two runs of a notebook cell by cell: the largest regressions first",
+                             usage="nbmon compare OLD.ipynb NEW.ipynb [--fail-if RULE]... [--top N] [--json]")
+    compare.add_argument("old", metavar="OLD.ipynb")
+    compare.add_argument("new", metavar="NEW.ipynb")
+    compare.add_argument("--fail-if", metavar="RULE", action="append", default=[],
+                         help="exit 1 if a cell breaks RULE: METRIC>+N%% (than the old run) or METRIC>+N "
+                              "(seconds, MiB, %% of a core); METRIC one of " + ", ".join(notebooks.SORTS))
+    compare.add_argument("--top", metavar="N", type=_count, help="only the first N cells")
+    compare.add_argument("--json", action="store_true", help="the comparison as JSON, for scripts")
     sub.add_parser("postmortem", help="the kernels of yours that died while nbmon watched them, newest first",
                    usage="nbmon postmortem")
     sorts = {"choices": tuple(SORTS), "default": "memory", "help": "what to sort by, largest first (memory)"}
@@ -379,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
             return _postmortem()
         if ns.verb == "report":
             return _report(ns)
+        if ns.verb == "compare":
+            with _refused():
+                return notebooks.compare(ns.old, ns.new, ns.fail_if, ns.top, ns.json)
         if ns.verb in ("kernels", "top"):
             from . import top
 
@@ -424,9 +451,12 @@ def _postmortem() -> int:
 
 
 def _report(ns) -> int:
-    """``nbmon report``: the ranks' table on stdout, and the page with --html."""
+    """``nbmon report``: a notebook's table, or the ranks' table, on stdout,
+    and the page with --html."""
     with _refused():
         check_outputs({"html": ns.html} if ns.html else {}, ns.force, FORCE_HINT)
+        if len(ns.ranks) == 1 and notebooks.is_notebook_file(ns.ranks[0]):
+            return notebooks.report(ns.ranks[0], ns.sort, ns.top, ns.json, ns.html, ns.force)
     try:
         period_s = None if ns.period is None else check_interval(ns.period, "--period")
         frame = ranks.read_ranks(ns.ranks, period_s=period_s)

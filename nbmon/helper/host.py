@@ -28,7 +28,7 @@ import time
 import uuid
 
 from .. import catalog
-from ..catalog import DELTA, LAST
+from ..catalog import DELTA
 from ..postmortem import deaths
 from ..postmortem.blackbox import SLOTS, BlackBox, CellNote
 from ..engine import Monitor
@@ -36,12 +36,13 @@ from ..format import fmt, printable
 from ..postmortem.memguard import MemoryGuard, stop_text
 from ..postmortem.memwarn import MemoryWatch
 from ..options import RECORD_OPEN_AFTER_S, RECORD_OPEN_MEMORY_MB, Options
+from ..report.notebooks import RECORD_MIME, postmortem_data, record_data
 from ..report.render import html_table, text_table
 from ..private import fallback_note
 from ..sinks.senders import open_streams
 from ..sampling.store import BUCKET, Store
 from ..report.summary import ResourceSummary, labelled_headline, summarize
-from ..report.records import CellRecord
+from ..report.records import CellRecord, vs_last
 from ..values import NAN
 from ..report.variables import Variables
 from ..views.charts import Record, record_timeline
@@ -95,6 +96,8 @@ class SessionHost(HostCalls, HostNotes):
         self.monitor: Monitor | None = None
         self._guard: MemoryGuard | None = None   # the monitor's memory guard: called at once as a cell starts
         self.records: list[CellRecord] = []
+        # {source digest: (duration_sec, peak_mem_mb)} of each source's last kept run, oldest first
+        self.runs: dict[str, tuple[float, float]] = {}
         self.last: ResourceSummary | None = None
         self.note = CellNote()   # the running cell, for the black box and the memory warning
         self.bands: list[dict] = []   # cell executions while a dashboard shows
@@ -119,6 +122,7 @@ class SessionHost(HostCalls, HostNotes):
         outputs = []
         if record is not None:
             outputs.append(bundle(record.table()))
+            outputs[-1]["data"][RECORD_MIME] = postmortem_data(death.to_dict())
             if record.timeline is not None:
                 outputs.append(bundle(record.picture()))
         return {"outputs": outputs, "problem": problem, "note": fallback_note()}
@@ -278,7 +282,8 @@ class SessionHost(HostCalls, HostNotes):
         self._ensure(options, "cell")
         self.monitor.rest(False)
         span = self.monitor.window(kernel_rss_mb)
-        record = CellRecord(number, label, start_time=time.time(), t_open=span.t_open)
+        record = CellRecord(number, label, start_time=time.time(), t_open=span.t_open,
+                            source_digest=self.note.source if self.note.running() else "")
         if token is None:
             self._tokens += 1
             token = self._tokens
@@ -360,11 +365,12 @@ class SessionHost(HostCalls, HostNotes):
         out["summary"] = record.summary.to_dict()
         if show == "record":
             shown = cell_record(record, self.monitor)
-            out["table"] = {"data": {"text/html": shown.html + extra_html, "text/plain": shown.text},
-                            "metadata": {}}
+            out["table"] = {"data": {"text/html": shown.html + extra_html, "text/plain": shown.text,
+                                     RECORD_MIME: record_data(record, "cell")}, "metadata": {}}
             out["picture"] = bundle(shown.picture()) if shown.timeline is not None else None
         elif show == "line":
-            out["line"] = one_line(record)
+            # the line's data, kept in the saved notebook (the kernel adds it to the line it shows)
+            out["line"], out["data"] = one_line(record), {RECORD_MIME: record_data(record, "line")}
         return out
 
     def _end(self, cell: _OpenCell) -> bool:
@@ -385,8 +391,20 @@ class SessionHost(HostCalls, HostNotes):
         if record.summary is None:
             record.summary = dataclasses.replace(summarize(record.stats), variables=record.variables)
             record.variables = None
+            self._ran(record)
             if self.records and self.records[-1] is record:
                 self.last = record.summary
+
+    def _ran(self, record: CellRecord) -> None:
+        """Note a summarized cell's run: the last run of its source, if any,
+        becomes its ``last_run``; it becomes its source's last run."""
+        digest = record.source_digest
+        if not digest:
+            return
+        record.last_run = self.runs.pop(digest, None)   # popped: re-added as the newest
+        self.runs[digest] = (record.summary.duration_sec, record.summary.peak_mem_mb)
+        if len(self.runs) > MAX_RECORDS:
+            del self.runs[next(iter(self.runs))]
 
     def _later(self, work) -> None:
         """``work`` once the answer is sent, where the host is served from a
@@ -417,7 +435,8 @@ class SessionHost(HostCalls, HostNotes):
         """The history's rows: each cell's fields and its summary as a dict."""
         self.after()
         return [{"execution_count": r.execution_count, "label": r.label, "start_time": r.start_time,
-                 "t_open": r.t_open, "status": r.status, "summary": r.summary.to_dict()} for r in self.records]
+                 "t_open": r.t_open, "status": r.status, "summary": r.summary.to_dict(), "last_run": r.last_run}
+                for r in self.records]
 
     def samples(self) -> dict:
         """Every sample the store holds: its columns, and t, wall and each
@@ -496,10 +515,8 @@ def says_more(record: CellRecord) -> bool:
     end: a free is good news, and the line says it), or the container's
     OOM killer acted."""
     s = record.summary
-    figures = s.figures or {}
-    growth = figures.get(catalog.figure_key(DELTA, "proc_pss_mb"))
-    now = figures.get(catalog.figure_key(LAST, "proc_pss_mb"))
-    rise = s.peak_mem_mb - (now - growth) if None not in (s.peak_mem_mb, now, growth) else None
+    growth = (s.figures or {}).get(catalog.figure_key(DELTA, "proc_pss_mb"))
+    rise = s.peak_rise_mb
     return (record.status != "ok" or s.duration_sec >= RECORD_OPEN_AFTER_S or bool(s.oom_kills)
             or any(v is not None and v >= RECORD_OPEN_MEMORY_MB for v in (growth, rise)))
 
@@ -523,12 +540,15 @@ def cell_record(record: CellRecord, monitor: Monitor | None) -> Record:
 def one_line(record: CellRecord) -> str:
     """A cell's record in a line (auto mode's, a short ``%%resmon`` cell's):
     its duration, then the headline metrics (``catalog.headlines()``), each
-    figure labelled ("mean", "peak", "now", a growth by its sign), and how it
-    ended unless ok."""
+    figure labelled ("mean", "peak", "now", a growth by its sign), how it
+    ended unless ok, and how it compares with the last run of its source."""
     name = "nbmon" + (f" · {record.label}" if record.label else "")
     parts = [f"{name}: {fmt(record.duration_sec, 's')}", labelled_headline(record.summary.figures or {})]
     if record.status != "ok":
         parts.append(record.status)
+    if record.last_run is not None:
+        longer, higher = vs_last(record)
+        parts.append(f"vs its last run: {fmt(longer, 's', True)}, peak {fmt(higher, 'MiB', True)}")
     return " · ".join(part for part in parts if part)
 
 

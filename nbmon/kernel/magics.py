@@ -434,7 +434,7 @@ class ResmonMagics(Magics):
                 if closed.get("line"):
                     display({"text/html": f'<div class="nbmon-oneline" style="font:12px system-ui;'
                                           f'color:var(--jp-ui-font-color2, #555)">{_escape(closed["line"])}</div>',
-                             "text/plain": closed["line"]}, raw=True)
+                             "text/plain": closed["line"], **closed["data"]}, raw=True)
         SESSION.notify("cell_finished", prompt_number(self.shell, result), variables)
 
     # -- a Dask cluster (nbmon.dask) -------------------------------------

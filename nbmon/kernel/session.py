@@ -230,6 +230,8 @@ def _asked(method: str, default):
 def history(workers: bool = False):
     """pandas DataFrame, one row per monitored cell (the last 10,000): execution_count, label,
     start_time (UTC), duration_sec, status ('ok', 'failed', 'interrupted'),
+    duration_vs_last_sec and peak_mem_vs_last_mb (against the last run of the
+    same cell source in this session; NaN for a first run),
     then the ResourceSummary fields (units in their names: _mb is MiB);
     GPU columns only when some cell has a GPU figure. ``workers=True``: one
     row per cell and worker of a watched Dask cluster (:mod:`nbmon.dask`)."""
@@ -245,6 +247,7 @@ def history(workers: bool = False):
         for row in rows:
             record = CellRecord(row["execution_count"], row["label"], row["start_time"], row["t_open"], row["status"])
             record.summary = ResourceSummary.from_dict(row["summary"])
+            record.last_run = tuple(row["last_run"]) if row.get("last_run") else None
             records.append(record)
         frame = history_frame(records)
     empty = [c for c in frame.columns if "gpu" in c and frame[c].isna().all()]

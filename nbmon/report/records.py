@@ -30,8 +30,10 @@ def samples_frame(t, wall, values: dict):
     return frame
 
 
-# Per-cell columns before the summary's own fields: CellRecord's.
+# Per-cell columns before the summary's own fields: CellRecord's, then how the cell compares with
+# the last run of the same source in the session (NaN for its first run).
 HISTORY_COLUMNS = ("execution_count", "label", "start_time", "duration_sec", "status")
+VS_LAST_COLUMNS = ("duration_vs_last_sec", "peak_mem_vs_last_mb")
 
 
 @dataclass(eq=False, slots=True)
@@ -49,6 +51,8 @@ class CellRecord:
     stats: Stats | None = None      # its window's statistics, for its static record: the newest cell's only
     workers: tuple[WorkerCellRecord, ...] = ()   # the cell on each watched Dask worker
     variables: Variables | None = None   # the kernel's variables at its end, until its summary holds them
+    source_digest: str = ""         # its source's digest: the runs of one cell in a session share it
+    last_run: tuple[float, float] | None = None   # (duration_sec, peak_mem_mb) of this source's last kept run
 
     @property
     def duration_sec(self) -> float:
@@ -106,10 +110,20 @@ def variable_columns(variables: Variables | None) -> dict:
             "vars_not_sized": variables.unsized}
 
 
+def vs_last(record: CellRecord) -> tuple[float, float]:
+    """How much longer the cell ran and how much higher its peak memory was
+    than the last run of its source (negative: less), NaN for a first run."""
+    if record.last_run is None or record.summary is None:
+        return NAN, NAN
+    duration, peak = record.last_run
+    now_peak = record.summary.peak_mem_mb
+    return record.duration_sec - duration, (now_peak - peak) if None not in (now_peak, peak) else NAN
+
+
 def history_frame(records):
     """One row per monitored cell: ``records`` are :class:`CellRecord`
     (that ended: they have a summary); start_time becomes a UTC timestamp.
-    Columns: HISTORY_COLUMNS, the summary's fields, the recorded figures
+    Columns: HISTORY_COLUMNS, VS_LAST_COLUMNS (:func:`vs_last`), the summary's fields, the recorded figures
     no field holds (:func:`recorded_figures`), then the cell's variables
     (:func:`variable_columns`)."""
     import pandas as pd
@@ -120,8 +134,10 @@ def history_frame(records):
     rows = []
     for r in records:
         s = r.summary
-        rows.append({**{c: getattr(r, c) for c in HISTORY_COLUMNS}, **{f: getattr(s, f) for f in fields},
-                     **{k: s.figures.get(k) for k in extra}, **variable_columns(s.variables)})
-    frame = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS) + fields + extra + list(VARIABLE_COLUMNS))
+        rows.append({**{c: getattr(r, c) for c in HISTORY_COLUMNS}, **dict(zip(VS_LAST_COLUMNS, vs_last(r))),
+                     **{f: getattr(s, f) for f in fields}, **{k: s.figures.get(k) for k in extra},
+                     **variable_columns(s.variables)})
+    frame = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS) + list(VS_LAST_COLUMNS) + fields + extra
+                         + list(VARIABLE_COLUMNS))
     frame["start_time"] = pd.to_datetime(frame["start_time"], unit="s", utc=True)
     return frame

@@ -118,6 +118,15 @@ class ResourceSummary:
             return self.peak_mem_kind
         return "exact" if self.peak_rss_exact else "sampled"
 
+    @property
+    def peak_rise_mb(self) -> float | None:
+        """How far memory (PSS) rose above where the window started, at its
+        peak: a cell's own most, whatever earlier cells left held."""
+        figures = self.figures or {}
+        growth = figures.get(figure_key(DELTA, "proc_pss_mb"))
+        now = figures.get(figure_key(LAST, "proc_pss_mb"))
+        return self.peak_mem_mb - (now - growth) if None not in (self.peak_mem_mb, now, growth) else None
+
     @classmethod
     def zeroed(cls) -> "ResourceSummary":
         return cls(peak_rss_mb=0.0, mean_rss_mb=0.0, peak_gpu_mem_mb=None, mean_gpu_util=None,
