@@ -101,11 +101,11 @@ class Kernel:
         self.km.shutdown_kernel(now=True)
 
 
-def cpu_s(pid: int, reaped: bool = True) -> float:
-    """utime + stime of ``pid`` (with ``reaped``, its reaped children's too), from /proc, in seconds."""
+def cpu_s(pid: int) -> float:
+    """utime + stime of ``pid`` (its reaped children's too), from /proc, in seconds."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return sum(int(v) for v in fields[11:15 if reaped else 13]) / os.sysconf("SC_CLK_TCK")
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def children(pid: int) -> list[int]:
@@ -199,10 +199,25 @@ def per_cell(rounds: int, versions: dict[str, str | None]) -> list[str]:
     return lines
 
 
+def on_cpu_s(pid: int) -> float:
+    """Seconds ``pid``'s threads have run, from their ``schedstat`` (the
+    scheduler's nanoseconds, not utime's 10 ms ticks, which charge a whole
+    tick to whichever thread it falls in); threads that ended are not counted."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass   # the thread ended meanwhile
+    return total / 1e9
+
+
 def cpu_per_cell(cells: int, versions: dict[str, str | None], block: int = 50) -> list[str]:
     """The CPU a trivial cell costs the kernel process (all its threads) and
-    nbmon's helper (the kernel's children), read from /proc around blocks of
-    ``block`` cells, the variants interleaved block by block: per cell, ms."""
+    nbmon's helper (the kernel's children), read from /proc (:func:`on_cpu_s`)
+    around blocks of ``block`` cells, the variants interleaved block by block:
+    per cell, ms."""
     variants = PER_CELL_VARIANTS
     kernels = variant_kernels(versions)
     spent = {key: [0.0, 0.0] for key in kernels}
@@ -211,11 +226,11 @@ def cpu_per_cell(cells: int, versions: dict[str, str | None], block: int = 50) -
             for (version, name), kernel in kernels.items():
                 cell = next(c for n, _, c in variants if n == name)
                 helpers = children(kernel.pid)
-                before = cpu_s(kernel.pid, False), sum(cpu_s(p, False) for p in helpers)
+                before = on_cpu_s(kernel.pid), sum(on_cpu_s(p) for p in helpers)
                 for _ in range(block):
                     kernel.run(cell)
-                spent[version, name][0] += cpu_s(kernel.pid, False) - before[0]
-                spent[version, name][1] += sum(cpu_s(p, False) for p in helpers) - before[1]
+                spent[version, name][0] += on_cpu_s(kernel.pid) - before[0]
+                spent[version, name][1] += sum(on_cpu_s(p) for p in helpers) - before[1]
     finally:
         for kernel in kernels.values():
             kernel.close()
@@ -343,9 +358,9 @@ def main() -> None:
     lines += ["A trivial cell, by the kernel's own clock (`execute_input` to `execute_reply`, hooks included), "
               "interleaved:", ""]
     lines += per_cell(args.rounds, versions)
-    lines += ["", "The CPU a trivial cell costs, read from `/proc` around blocks of 50 cells (the kernel process's "
-              "threads; nbmon's helper apart), 400 cells per variant, interleaved by block:", ""]
-    lines += cpu_per_cell(400, versions)
+    lines += ["", "The CPU a trivial cell costs, read from `/proc/PID/task/*/schedstat` around blocks of 50 cells "
+              "(the kernel process's threads; nbmon's helper apart), 800 cells per variant, interleaved by block:", ""]
+    lines += cpu_per_cell(800, versions)
     lines += ["", "The first `%%resmon` cell after `%load_ext` (its monitor starts then), by the kernel's clock:", ""]
     lines += first_cell(args.rounds, versions)
     for version, checkout in versions.items():

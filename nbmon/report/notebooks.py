@@ -85,12 +85,18 @@ class CellCost:
     cell_id: str | None         # nbformat 4.5's id
     source: str                 # its source, a leading %%resmon line out
     execution_count: int | None
+    label: str                  # its --label, or ""
     status: str
     summary: ResourceSummary
 
     @property
     def first_line(self) -> str:
         return next((line.strip() for line in self.source.splitlines() if line.strip()), "")
+
+    @property
+    def title(self) -> str:
+        """What names it for a reader: its label, else its first line."""
+        return self.label or self.first_line
 
     def figure(self, metric: str) -> float | None:
         s = self.summary
@@ -132,7 +138,8 @@ def read_notebook(path: str | Path) -> NotebookCosts:
             continue
         code += 1
         found = _records_in(cell.get("outputs"))
-        notes += [_death_note(index, data.get("death")) for data in found if data.get("kind") == "postmortem"]
+        notes += [_death_note(cell.get("execution_count"), index, data.get("death"))
+                  for data in found if data.get("kind") == "postmortem"]
         data = next((data for data in reversed(found) if data.get("kind") != "postmortem"), None)
         if data is None:
             continue
@@ -148,7 +155,7 @@ def read_notebook(path: str | Path) -> NotebookCosts:
         cells.append(CellCost(index, cell.get("id") if isinstance(cell.get("id"), str) else None,
                               _MAGIC_LINE.sub("", _text(cell.get("source")), count=1),
                               number if isinstance(number, int) else cell.get("execution_count"),
-                              str(data.get("status", "ok")), summary))
+                              _text(data.get("label")), str(data.get("status", "ok")), summary))
     if newer:
         notes.append(f"records of a newer nbmon (version {max(newer)}; this one writes {RECORD_VERSION}) "
                      "are read as far as this one understands them")
@@ -157,11 +164,12 @@ def read_notebook(path: str | Path) -> NotebookCosts:
     return NotebookCosts(name, code, cells, notes)
 
 
-def _death_note(index: int, death) -> str:
+def _death_note(number, index: int, death) -> str:
     death = death if isinstance(death, dict) else {}
     cell = death.get("cell") if isinstance(death.get("cell"), dict) else {}
     where = f" in cell [{cell['number']}]" if cell.get("running") and isinstance(cell.get("number"), int) else ""
-    return (f"cell {index + 1} holds a post-mortem: an earlier kernel of this notebook died{where}: "
+    shown = f"[{number}]" if isinstance(number, int) else str(index + 1)
+    return (f"cell {shown} holds a post-mortem: an earlier kernel of this notebook died{where}: "
             f"{death.get('cause_text') or death.get('cause') or 'cause unknown'}")
 
 
@@ -211,10 +219,10 @@ def _report_parts(costs: NotebookCosts, sort: str, top: int | None) -> tuple[str
     t = totals(costs)
     head = (f"nbmon: {costs.path}: {t['cells_with_records']} of {t['code_cells']} code cells have records; "
             f"{fmt(t['time'], 's')} in all, peak {fmt(t['peak_mem'], 'MiB')}, {fmt(t['growth'], 'MiB', True)} grown")
-    rows = [[_cell_name(c), _short(c.first_line), *(fmt(c.figure(m), u, m == "growth") for m, _, u in METRICS),
+    rows = [[_cell_name(c), _short(c.title), *(fmt(c.figure(m), u, m == "growth") for m, _, u in METRICS),
              "" if c.status == "ok" else c.status] for c in report_rows(costs, sort, top)]
     title = f"the costliest cells by {dict((m, t) for m, t, _ in METRICS)[sort]}"
-    return head, title, ["cell", "first line", *(t for _, t, _ in METRICS), "status"], rows
+    return head, title, ["cell", "label or first line", *(t for _, t, _ in METRICS), "status"], rows
 
 
 def report_text(costs: NotebookCosts, sort: str = "time", top: int | None = None) -> str:
@@ -235,7 +243,7 @@ def report_html(costs: NotebookCosts, sort: str = "time", top: int | None = None
 def report_json(costs: NotebookCosts, sort: str = "time", top: int | None = None) -> dict:
     return _finite({"notebook": costs.path, "totals": totals(costs), "notes": costs.notes,
                     "cells": [{"index": c.index, "id": c.cell_id, "execution_count": c.execution_count,
-                               "first_line": c.first_line, "status": c.status,
+                               "first_line": c.first_line, "label": c.label, "status": c.status,
                                **{m: c.figure(m) for m, _, _ in METRICS}, "summary": c.summary.to_dict()}
                               for c in report_rows(costs, sort, top)]})
 
@@ -304,7 +312,7 @@ def broken(changes: list[Change], rules: list[tuple[str, float, bool]]) -> list[
         for metric, limit, percent in rules:
             got = change.ratio(metric) if percent else change.delta(metric)
             if got is not None and got > (limit / 100 if percent else limit):
-                out.append(f"{_cell_name(change.new)} {_short(change.new.first_line)}: {metric} "
+                out.append(f"{_cell_name(change.new)} {_short(change.new.title)}: {metric} "
                            f"{_signed(change, metric)} breaks {metric}>+{limit:g}{'%' if percent else ''}")
     return out
 
@@ -318,10 +326,10 @@ def _signed(change: Change, metric: str) -> str:
 def compare_text(old: NotebookCosts, new: NotebookCosts, top: int | None = None) -> str:
     changes, gone, added = match(old, new)
     shown = ("time", "peak_mem", "rise", "growth")
-    rows = [[_cell_name(ch.new), _short(ch.new.first_line),
+    rows = [[_cell_name(ch.new), _short(ch.new.title),
              *(f"{fmt(ch.old.figure(m), u)} → {fmt(ch.new.figure(m), u)}  {_signed(ch, m)}"
                for m, _, u in METRICS if m in shown)] for ch in changes[:top]]
-    header = ["cell", "first line", *(t for m, t, _ in METRICS if m in shown)]
+    header = ["cell", "label or first line", *(t for m, t, _ in METRICS if m in shown)]
     lines = [f"nbmon: {old.path} → {new.path}: {len(changes)} cells in both, {len(gone)} only in the old, "
              f"{len(added)} only in the new", *old.notes, *new.notes, "",
              grid_text("the largest regressions first", header, rows)]
