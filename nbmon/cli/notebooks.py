@@ -44,7 +44,7 @@ def report(path: str, sort: str, top: int | None, as_json: bool, html: str | Non
     else:
         print(printable(notebooks.report_text(costs, sort, top)))
     if html:
-        write_page(html, f"nbmon report: {path}", notebooks.report_html(costs, sort, top), overwrite=force)
+        write_page(html, path, notebooks.report_html(costs, sort, top), overwrite=force)
     return 0
 
 

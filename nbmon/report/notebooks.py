@@ -210,8 +210,10 @@ def _cell_name(cost: CellCost) -> str:
     return f"[{cost.execution_count}]" if cost.execution_count is not None else f"cell {cost.index + 1}"
 
 
-def _short(text: str, width: int = 40) -> str:
-    return text if len(text) <= width else text[:width - 1] + "…"
+def _named(cost: CellCost, width: int = 40) -> str:
+    """The cell's prompt number and its title, shortened: "[3] train"."""
+    title = cost.title if len(cost.title) <= width else cost.title[:width - 1] + "…"
+    return f"{_cell_name(cost)} {title}"
 
 
 def _report_parts(costs: NotebookCosts, sort: str, top: int | None) -> tuple[str, str, list[str], list[list[str]]]:
@@ -219,10 +221,10 @@ def _report_parts(costs: NotebookCosts, sort: str, top: int | None) -> tuple[str
     t = totals(costs)
     head = (f"nbmon: {costs.path}: {t['cells_with_records']} of {t['code_cells']} code cells have records; "
             f"{fmt(t['time'], 's')} in all, peak {fmt(t['peak_mem'], 'MiB')}, {fmt(t['growth'], 'MiB', True)} grown")
-    rows = [[_cell_name(c), _short(c.title), *(fmt(c.figure(m), u, m == "growth") for m, _, u in METRICS),
+    rows = [[_named(c), *(fmt(c.figure(m), u, m == "growth") for m, _, u in METRICS),
              "" if c.status == "ok" else c.status] for c in report_rows(costs, sort, top)]
     title = f"the costliest cells by {dict((m, t) for m, t, _ in METRICS)[sort]}"
-    return head, title, ["cell", "label or first line", *(t for _, t, _ in METRICS), "status"], rows
+    return head, title, ["cell: label or first line", *(t for _, t, _ in METRICS), "status"], rows
 
 
 def report_text(costs: NotebookCosts, sort: str = "time", top: int | None = None) -> str:
@@ -312,7 +314,7 @@ def broken(changes: list[Change], rules: list[tuple[str, float, bool]]) -> list[
         for metric, limit, percent in rules:
             got = change.ratio(metric) if percent else change.delta(metric)
             if got is not None and got > (limit / 100 if percent else limit):
-                out.append(f"{_cell_name(change.new)} {_short(change.new.title)}: {metric} "
+                out.append(f"{_named(change.new)}: {metric} "
                            f"{_signed(change, metric)} breaks {metric}>+{limit:g}{'%' if percent else ''}")
     return out
 
@@ -326,10 +328,10 @@ def _signed(change: Change, metric: str) -> str:
 def compare_text(old: NotebookCosts, new: NotebookCosts, top: int | None = None) -> str:
     changes, gone, added = match(old, new)
     shown = ("time", "peak_mem", "rise", "growth")
-    rows = [[_cell_name(ch.new), _short(ch.new.title),
+    rows = [[_named(ch.new),
              *(f"{fmt(ch.old.figure(m), u)} → {fmt(ch.new.figure(m), u)}  {_signed(ch, m)}"
                for m, _, u in METRICS if m in shown)] for ch in changes[:top]]
-    header = ["cell", "label or first line", *(t for m, t, _ in METRICS if m in shown)]
+    header = ["cell: label or first line", *(t for m, t, _ in METRICS if m in shown)]
     lines = [f"nbmon: {old.path} → {new.path}: {len(changes)} cells in both, {len(gone)} only in the old, "
              f"{len(added)} only in the new", *old.notes, *new.notes, "",
              grid_text("the largest regressions first", header, rows)]
