@@ -238,12 +238,16 @@ def kernel_traces(chart) -> dict:
     return {k: n for k, n in chart["points"].items() if k.startswith("proc_")}
 
 
-def wait_for_chart(page: Page, cells: int = 0, timeout: float = 90):
+def wait_for_chart(page: Page, cells: int = 0, timeout: float = 90, ended: bool = False):
+    """The chart once it has data and ``cells`` cell bands (with ``ended``,
+    none of them a cell still running: a band's hover says "running" until
+    its cell ends)."""
     seen = {}   # the last chart read, for the message if the wait fails
 
     def ready():
         seen["chart"] = chart = page.chart()
-        return chart and min(kernel_traces(chart).values()) > 3 and len(chart["cells"]) >= cells and chart
+        return (chart and min(kernel_traces(chart).values()) > 3 and len(chart["cells"]) >= cells
+                and not (ended and any(h.endswith("running") for h in chart["hover"])) and chart)
 
     try:
         return wait_for(ready, timeout, f"the live chart with data and {cells} cell band(s)")
@@ -286,7 +290,7 @@ def test_lab_dashboard_is_quick_one_way_and_survives_the_kernel(lab, browser):
     try:
         page.open("/lab/tree/lab.ipynb")
         page.run_all()
-        chart = wait_for_chart(page, cells=2)
+        chart = wait_for_chart(page, cells=2, ended=True)   # Run All may still be in its last cell
         frames, marks = page.frames(), page.marks()
         started = execute_time(frames, r"^%resmon$")
         first_output = (marks["record"] - started) / 1000

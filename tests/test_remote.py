@@ -314,3 +314,28 @@ def _open(fd: int) -> bool:
         return True
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("setup, cell", [("", "%%resmon --quiet\nx = 1"), ("%resmon auto on", "x = 1")])
+def test_a_quiet_or_auto_cell_reaches_the_helper_in_two_writes(ip, monkeypatch, setup, cell):
+    """A cell's notes at each end go out together (each write wakes the
+    helper): a quiet %%resmon cell or auto mode's short one is two writes
+    to the helper's pipe, its start and its end, and the helper hears them."""
+    if setup:
+        ip.run_line_magic(*setup[1:].split(" ", 1))
+    ip.run_cell(cell)   # the first: it may start a monitor, with a call
+    host = SESSION.host
+    writes, write = [], os.write
+
+    def counted(fd, data):
+        if fd == host._out:
+            writes.append(bytes(data).count(b"cell_"))   # the notes in this write
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", counted)
+    ip.run_cell(cell)
+    monkeypatch.undo()
+    assert len(writes) == 2 and sum(writes) == 4, writes   # started+open, close+finished
+    assert host.info()["open_cells"] == 0   # both ends arrived (a call goes after the notes before it)
+    if not setup:
+        assert len(host.history()) == 2   # the quiet cells' records

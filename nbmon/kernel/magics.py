@@ -389,6 +389,14 @@ class ResmonMagics(Magics):
     def _cell_started(self, info) -> None:
         if SESSION.host is None:
             return
+        SESSION.hold_notes()   # its notes in one write: a %%resmon cell's with its open, in the magic
+        try:
+            self._start_cell(info)
+        finally:
+            if not (info.raw_cell or "").lstrip().startswith("%%resmon"):
+                SESSION.release_notes()
+
+    def _start_cell(self, info) -> None:
         source = info.raw_cell or ""
         number = prompt_number(self.shell, info)
         guard.cell_runs(number)
@@ -411,6 +419,13 @@ class ResmonMagics(Magics):
             self._close_cell(*closing)
 
     def _cell_finished(self, result) -> None:
+        SESSION.hold_notes()   # its notes in one write
+        try:
+            self._finish_cell(result)
+        finally:
+            SESSION.release_notes()
+
+    def _finish_cell(self, result) -> None:
         self._close_pending()
         if SESSION.host is None:
             return
@@ -499,9 +514,11 @@ class ResmonMagics(Magics):
                 self._monitor_known = True
                 SESSION.sizes.watch(opened["variables"])
         except Exception as err:  # noqa: BLE001 - the cell runs unmonitored
+            SESSION.release_notes()
             _said(err)
             value = self._run_users_cell(cell, number)
             return None if args.output else value
+        SESSION.release_notes()   # the cell's start and its open, in one write
         SESSION.sizes.ready(shell)   # what the cell changes: the namespace before it, if not known
         dask_cell, record = _dask_cell(opened, args.label, number)
         status, summary = "ok", None

@@ -72,6 +72,7 @@ class RemoteHost(HostCalls):
         # number may already be another file of the user's (after a fork too).
         self._pipes = (self.proc.stdin.raw, self.proc.stdout.raw, os.fdopen(replies, "rb", buffering=0))
         self._send_lock = threading.Lock()
+        self._held: list[bytes] | None = None   # notes that go out together at hold()'s end
         self._call_lock = threading.Lock()   # one call at a time: its answer is the next on the pipe
         self._next = 0
         self._comms: dict[str, object] = {}
@@ -92,9 +93,10 @@ class RemoteHost(HostCalls):
                 self._next += 1
                 ident = self._next
                 deadline = time.monotonic() + timeout
+                held, self._held = self._held, [] if self._held is not None else None   # notes before it go first
                 try:
-                    write_all(self._out, pack(b"Q", {"id": ident, "method": method, "args": args, "kwargs": kwargs}),
-                              deadline)
+                    write_all(self._out, b"".join(held or ()) + pack(b"Q", {"id": ident, "method": method,
+                                                                          "args": args, "kwargs": kwargs}), deadline)
                 except TimeoutError:
                     raise HostError(self._stuck(f"the helper process took no {method} within {timeout:g} s")) from None
                 except OSError as err:
@@ -129,16 +131,38 @@ class RemoteHost(HostCalls):
         check(method, args, {}, NOTES)
         self._send(b"N", {"method": method, "args": args})
 
+    def hold(self) -> None:
+        """Keep the notes sent from now on until :meth:`release` (or the next
+        call) sends them in one write: a cell's start or end sends two or
+        three, and each write wakes the helper."""
+        with self._send_lock:
+            if self._held is None:
+                self._held = []
+
+    def release(self) -> None:
+        """Send the notes held, and hold no more."""
+        with self._send_lock:
+            held, self._held = self._held, None
+            if held and not self.gone:
+                self._write(b"".join(held))
+
     def _send(self, kind: bytes, head, buffers=()) -> None:
         with self._send_lock:
             if self.gone:
                 return
-            try:
-                write_all(self._out, pack(kind, head, buffers), time.monotonic() + CALL_TIMEOUT_S)
-            except TimeoutError:
-                self._stuck(f"the helper process took no message for {CALL_TIMEOUT_S:g} s")
-            except OSError:
-                pass   # the relay thread sees the pipe's end and says why
+            if kind == b"N" and self._held is not None:
+                self._held.append(pack(kind, head, buffers))
+                return
+            self._write(pack(kind, head, buffers))
+
+    def _write(self, data: bytes) -> None:
+        """``data`` down the pipe (the send lock held), by the calls' deadline."""
+        try:
+            write_all(self._out, data, time.monotonic() + CALL_TIMEOUT_S)
+        except TimeoutError:
+            self._stuck(f"the helper process took no message for {CALL_TIMEOUT_S:g} s")
+        except OSError:
+            pass   # the relay thread sees the pipe's end and says why
 
     def _stuck(self, why: str) -> str:
         """The helper missed a deadline (stopped, stuck, swapped out): it

@@ -110,6 +110,15 @@ class Session:
             self.host = self._new_host(where)
         return self.host
 
+    def hold_notes(self) -> None:
+        """Notes from now on go out together at :meth:`release_notes` (:meth:`RemoteHost.hold`)."""
+        if self.remote and self.host is not None:
+            self.host.hold()
+
+    def release_notes(self) -> None:
+        if self.remote and self.host is not None:
+            self.host.release()
+
     def notify(self, method: str, *args) -> None:
         """Tell the host ``method(*args)`` without waiting for it (the cell hooks)."""
         if self.remote:
