@@ -72,7 +72,7 @@ class RemoteHost(HostCalls):
         # number may already be another file of the user's (after a fork too).
         self._pipes = (self.proc.stdin.raw, self.proc.stdout.raw, os.fdopen(replies, "rb", buffering=0))
         self._send_lock = threading.Lock()
-        self._held: list[bytes] | None = None   # notes that go out together at hold()'s end
+        self._held: list[bytes] | None = None   # notes held since hold(), sent at release() or the next call
         self._call_lock = threading.Lock()   # one call at a time: its answer is the next on the pipe
         self._next = 0
         self._comms: dict[str, object] = {}
