@@ -21,6 +21,7 @@ from ..format import fmt
 from .records import CellRecord
 from .render import grid_table, grid_text
 from .summary import ResourceSummary
+from ..values import known
 
 RECORD_MIME = "application/vnd.nbmon.summary+json"
 RECORD_VERSION = 1   # raised when a field changes meaning; added fields keep it
@@ -52,7 +53,7 @@ def _version() -> str:
 def _finite(value):
     """``value`` with NaN and infinities as None: the notebook's JSON has no NaN."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
+        return known(value)
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -102,7 +103,7 @@ class CellCost:
         s = self.summary
         value = {"time": s.duration_sec, "peak_mem": s.peak_mem_mb if s.peak_mem_mb is not None else s.peak_rss_mb,
                  "rise": s.peak_rise_mb, "growth": s.memory_growth_mb, "cpu": s.mean_cpu_percent, "gpu_mem": s.peak_gpu_mem_mb}[metric]
-        return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+        return known(value)   # its summary's types were checked as it was read
 
 
 @dataclass(frozen=True)
@@ -198,12 +199,12 @@ def report_rows(costs: NotebookCosts, sort: str = "time", top: int | None = None
 
 def totals(costs: NotebookCosts) -> dict:
     """The notebook's totals: summed time and growth, the highest peak."""
-    def known(metric):
+    def figures(metric):
         return [v for v in (c.figure(metric) for c in costs.cells) if v is not None]
 
     return {"code_cells": costs.code_cells, "cells_with_records": len(costs.cells),
-            "time": sum(known("time")), "growth": sum(known("growth")),
-            "peak_mem": max(known("peak_mem"), default=None), "gpu_mem": max(known("gpu_mem"), default=None)}
+            "time": sum(figures("time")), "growth": sum(figures("growth")),
+            "peak_mem": max(figures("peak_mem"), default=None), "gpu_mem": max(figures("gpu_mem"), default=None)}
 
 
 def _cell_name(cost: CellCost) -> str:
