@@ -246,6 +246,11 @@ def _said(err: Exception) -> None:
     print(printable(text if text.startswith("nbmon") else f"nbmon: {text}"), file=sys.stderr, flush=True)
 
 
+def _is_resmon_cell(source: str) -> bool:
+    """Whether the cell is a ``%%resmon`` cell: the magic opens (and sends) its notes, not auto mode."""
+    return source.lstrip().startswith("%%resmon")
+
+
 @magics_class
 class ResmonMagics(Magics):
     def __init__(self, shell):
@@ -393,7 +398,7 @@ class ResmonMagics(Magics):
         try:
             self._start_cell(info)
         finally:
-            if not (info.raw_cell or "").lstrip().startswith("%%resmon"):
+            if not _is_resmon_cell(info.raw_cell or ""):
                 SESSION.release_notes()
 
     def _start_cell(self, info) -> None:
@@ -401,7 +406,7 @@ class ResmonMagics(Magics):
         number = prompt_number(self.shell, info)
         guard.cell_runs(number)
         SESSION.notify("cell_started", number, first_line(source), source_digest(source))
-        if self.auto_threshold_s is not None and not source.lstrip().startswith("%%resmon"):
+        if self.auto_threshold_s is not None and not _is_resmon_cell(source):
             # Cells shorter than the threshold are neither shown nor kept in the history; the
             # kernel waits for no answer at either end of one (only a longer one's line).
             token = f"auto-{next(self._tokens)}"
