@@ -397,6 +397,9 @@ def test_notebook7_dashboard_survives_the_kernel(lab, browser):
         page.open("/notebooks/nb7.ipynb")
         page.run_all()
         wait_for_chart(page, cells=1)
+        # saved once Run All's last cell has ended: its record, not its running meter (a widget)
+        wait_for(lambda: page.page.locator(".jp-Cell").nth(3).locator(".nbmon-summary").count() == 1, 60,
+                 "the %%resmon cell's record")
         save(page, lab, "nb7.ipynb")
         shut_down_kernels(lab)
         page.page.reload()
