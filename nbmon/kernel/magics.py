@@ -7,6 +7,7 @@ host updates them later.
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import collections
 import hashlib
@@ -19,9 +20,11 @@ import threading
 import time
 import tokenize
 import traceback
+from typing import NamedTuple
 
 import IPython
 from IPython.core.error import UsageError
+from IPython.core.inputtransformer2 import leading_indent
 from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -162,9 +165,9 @@ def _only(flags: list[str], where: str) -> None:
         raise UsageError(f"{', '.join(flags)} only appl{'ies' if len(flags) == 1 else 'y'} to {where}")
 
 
-def first_line(source: str) -> str:
-    """A cell's label: its first line that is not blank, at most LABEL_CHARS long."""
-    return next((line.strip() for line in (source or "").splitlines() if line.strip()), "")[:LABEL_CHARS]
+def first_line(source: str, chars: int | None = LABEL_CHARS) -> str:
+    """A cell's label: its first line that is not blank, at most ``chars`` long (None: whole)."""
+    return next((line.strip() for line in (source or "").splitlines() if line.strip()), "")[:chars]
 
 
 def source_digest(source: str) -> str:
@@ -240,6 +243,13 @@ def _own_chart_output() -> bool:
     return "google.colab" in sys.modules or os.environ.get("NBMON_CHART_OUTPUT") == "widget"
 
 
+def _cell_options_only(args, streamed: list[str]) -> None:
+    """UsageError unless a ``%%resmon`` line gives options only (no subcommand, no file to stream to)."""
+    if args.subcommand != "start" or args.value:
+        raise UsageError(f"%%resmon takes options only, not {args.subcommand!r}")
+    _only(streamed, "%resmon start")
+
+
 def _said(err: Exception) -> None:
     """An nbmon error never reaches the user's cell: one line, and the cell runs on."""
     text = str(err)
@@ -257,8 +267,8 @@ class ResmonMagics(Magics):
         super().__init__(shell)
         self.cluster_views: list = []   # nbmon.views.cluster.ClusterView, displayed
         self.auto_threshold_s: float | None = None
-        self._auto_cell: str | None = None   # the token of the cell auto mode watches now
-        self._auto_t0 = 0.0                   # its start, by the kernel's clock
+        self._noted: _NotedCell | None = None   # the cell the hooks watch now
+        self._quiet_line: tuple | None = None   # (its first line, parsed) as transformed, for pre_run_cell
         self._tokens = itertools.count()      # the kernel's names for cells it opens by a note
         self._monitor_known = False           # a cell's answer said the monitor runs: quiet cells need no answer
         self._closing: tuple | None = None   # a %%resmon cell's close, for its post_run_cell
@@ -288,19 +298,12 @@ class ResmonMagics(Magics):
         %resmon auto on   summarise every cell over --threshold seconds (auto off to stop)
         %%resmon          run the cell and show its ResourceSummary
         """
-        args = parse_argstring(self.resmon, line)
-        args.label = _unquote(args.label)
-        try:
-            options = Options.from_arguments(args)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
+        args, options = self._arguments(line)
         where = getattr(args, "session", None)   # given: the session runs there
         outputs = {name: _unquote(path) for name, path in senders.outputs_given(args, MAGIC).items()}
         streamed = [senders.SINKS[name].flag for name in outputs]
         if cell is not None:
-            if args.subcommand != "start" or args.value:
-                raise UsageError(f"%%resmon takes options only, not {args.subcommand!r}")
-            _only(streamed, "%resmon start")
+            _cell_options_only(args, streamed)
             try:
                 return self._run_cell(cell, options, where, args)
             except _ShownFailure:
@@ -332,6 +335,15 @@ class ResmonMagics(Magics):
             _said(err)
             return None
         return ResourceSummary.from_dict(got) if got is not None else None
+
+    def _arguments(self, line: str) -> tuple[argparse.Namespace, Options]:
+        """The magic's ``line`` parsed, and the options it gives; UsageError naming what is wrong."""
+        args = parse_argstring(self.resmon, line)
+        args.label = _unquote(args.label)
+        try:
+            return args, Options.from_arguments(args)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
 
     # -- line magic ------------------------------------------------------
     def _start_line(self, args, options: Options, where: str | None, outputs: dict[str, str]) -> None:
@@ -395,28 +407,67 @@ class ResmonMagics(Magics):
         if SESSION.host is None:
             return
         SESSION.hold_notes()   # its notes in one write: a %%resmon cell's with its open, in the magic
+        magic_follows = False
         try:
-            self._start_cell(info)
+            magic_follows = self._start_cell(info)
         finally:
-            if not _is_resmon_cell(info.raw_cell or ""):
+            if not magic_follows:
                 SESSION.release_notes()
 
-    def _start_cell(self, info) -> None:
+    def _start_cell(self, info) -> bool:
+        """The cell's start told to the host; whether the ``%%resmon`` magic follows (it sends the notes held)."""
         source = info.raw_cell or ""
         number = prompt_number(self.shell, info)
         guard.cell_runs(number)
+        quiet, self._quiet_line = self._quiet_line, None
+        stripped = quiet is not None and quiet[0].strip() == first_line(source, None)
         SESSION.notify("cell_started", number, first_line(source), source_digest(source))
-        if self.auto_threshold_s is not None and not _is_resmon_cell(source):
+        if self._noted is not None:
+            pass   # a run_cell inside the cell (%%capture's) is part of it
+        elif stripped:
+            args, options = quiet[1]
+            self._open_noted(info, number, None, options, args.label)
+        elif self.auto_threshold_s is not None and not _is_resmon_cell(source):
             # Cells shorter than the threshold are neither shown nor kept in the history; the
             # kernel waits for no answer at either end of one (only a longer one's line).
-            token = f"auto-{next(self._tokens)}"
-            try:
-                SESSION.notify("cell_open_note", token, number, self.auto_threshold_s, resident_mb())
-            except Exception as err:  # noqa: BLE001
-                _said(err)
-            else:
-                self._auto_cell, self._auto_t0 = token, time.perf_counter()
+            self._open_noted(info, number, self.auto_threshold_s)
         SESSION.sizes.cell_started(self.shell)
+        return _is_resmon_cell(source) and not stripped
+
+    def _open_noted(self, info, number: int | None, line_after_s: float | None, options: Options | None = None,
+                    label: str = "") -> None:
+        token = f"{'cell' if line_after_s is None else 'auto'}-{next(self._tokens)}"
+        try:
+            SESSION.notify("cell_open_note", token, number, line_after_s or 0.0, resident_mb(),
+                           options_dict(options), label)
+        except Exception as err:  # noqa: BLE001
+            _said(err)
+        else:
+            self._noted = _NotedCell(token, info, line_after_s, time.perf_counter())
+
+    def _strip_quiet_line(self, lines: list[str]) -> list[str]:
+        """An input transformer (IPython's first, cleanup stage, which runs
+        before pre_run_cell): a quiet ``%%resmon`` cell that would open and
+        close by notes (:meth:`_quiet_note`) runs as the cell it wraps,
+        watched from the cell hooks as auto mode watches: IPython's own path
+        for its outputs and its errors, at auto mode's cost, not a cell
+        magic's. Its line is left blank, so that line numbers keep."""
+        if not lines or not lines[0].startswith("%%resmon"):
+            return lines
+        head = lines[0].split(None, 1)
+        self._quiet_line = None
+        try:
+            parsed = self._arguments(head[1] if len(head) > 1 else "")
+            _cell_options_only(parsed[0], [senders.SINKS[name].flag for name in senders.outputs_given(parsed[0], MAGIC)])
+            if head[0] != "%%resmon" or not self._quiet_note(parsed[0], getattr(parsed[0], "session", None)):
+                return lines
+        except Exception:  # noqa: BLE001 - the magic runs, and says what is wrong
+            return lines
+        self._quiet_line = (lines[0], parsed)
+        body = leading_indent(lines[1:])   # what IPython's cleanup does to a cell, to the one wrapped
+        return body if body and body[0].startswith("%%") else ["\n", *body]   # a cell magic's line stays first
+
+    _strip_quiet_line.has_side_effects = True   # IPython's check_complete leaves it out
 
     def _close_pending(self) -> None:
         if self._closing is not None:
@@ -436,17 +487,18 @@ class ResmonMagics(Magics):
             return
         variables = SESSION.sizes.cell_ended(self.shell)   # None if the cell's own %%resmon sent them
         SESSION.sizes.cell_finished()
-        if self._auto_cell is not None:
-            token, self._auto_cell = self._auto_cell, None
+        noted = self._noted
+        if noted is not None and getattr(result, "info", None) is noted.info:
+            self._noted = None
             error = result.error_in_exec or result.error_before_exec
             status = "ok" if error is None else "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
             number = prompt_number(self.shell, result)
             try:
-                if time.perf_counter() - self._auto_t0 < self.auto_threshold_s:
-                    SESSION.notify("cell_close_note", token, status, number, variables)
+                if noted.line_after_s is None or time.perf_counter() - noted.t0 < noted.line_after_s:
+                    SESSION.notify("cell_close_note", noted.token, status, number, variables)
                     closed = {}
                 else:
-                    closed = SESSION.host.cell_close(token, status, show="line", number=number, variables=variables)
+                    closed = SESSION.host.cell_close(noted.token, status, show="line", number=number, variables=variables)
             except Exception as err:  # noqa: BLE001
                 _said(err)
             else:
@@ -642,11 +694,12 @@ class ResmonMagics(Magics):
         elif value == "off":
             if self.auto_threshold_s is not None:
                 self.auto_threshold_s = None
-                if self._auto_cell is not None and SESSION.host is not None:
-                    # This cell's post_run hook will not close it: close its span here.
-                    token, self._auto_cell = self._auto_cell, None
+                noted = self._noted
+                if noted is not None and noted.line_after_s is not None and SESSION.host is not None:
+                    # Its span closes now, before auto mode's monitor stops, not in its post_run hook.
+                    self._noted = None
                     try:
-                        SESSION.host.cell_close(token)
+                        SESSION.host.cell_close(noted.token)
                     except Exception as err:  # noqa: BLE001
                         _said(err)
                 if SESSION.host is not None:
@@ -670,6 +723,15 @@ def _escape(text: str) -> str:
     import html
 
     return html.escape(text, quote=False)
+
+
+class _NotedCell(NamedTuple):
+    """A cell the hooks open and close by notes: auto mode's, or a quiet ``%%resmon`` one."""
+
+    token: str
+    info: ExecutionInfo         # pre_run_cell's: the cell's own post_run_cell closes it, not a nested run_cell's
+    line_after_s: float | None  # auto mode's threshold: a longer cell shows its line; None: nothing shown
+    t0: float                   # time.perf_counter() at its start
 
 
 class _NoCell:
@@ -708,6 +770,7 @@ def load(ipython) -> None:
     ipython.events.register("pre_run_cell", magics._cell_started)
     ipython.events.register("post_execute", guard.cell_ran)
     ipython.events.register("post_run_cell", magics._cell_finished)
+    ipython.input_transformers_cleanup.append(magics._strip_quiet_line)
     _loaded[id(ipython)] = magics
     if SESSION.why_local:
         _said(f"{SESSION.why_local}; the session runs in the kernel")
@@ -726,6 +789,7 @@ def unload(ipython) -> None:
         ipython.events.unregister("pre_run_cell", magics._cell_started)
         ipython.events.unregister("post_execute", guard.cell_ran)
         ipython.events.unregister("post_run_cell", magics._cell_finished)
+        ipython.input_transformers_cleanup.remove(magics._strip_quiet_line)
         ipython.magics_manager.magics["line"].pop("resmon", None)
         ipython.magics_manager.magics["cell"].pop("resmon", None)
     if not _loaded:
