@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import functools
 import hashlib
 import io
 import itertools
@@ -298,7 +299,7 @@ class ResmonMagics(Magics):
         %resmon auto on   summarise every cell over --threshold seconds (auto off to stop)
         %%resmon          run the cell and show its ResourceSummary
         """
-        args, options = self._arguments(line)
+        args, options = _parsed(line)
         where = getattr(args, "session", None)   # given: the session runs there
         outputs = {name: _unquote(path) for name, path in senders.outputs_given(args, MAGIC).items()}
         streamed = [senders.SINKS[name].flag for name in outputs]
@@ -335,15 +336,6 @@ class ResmonMagics(Magics):
             _said(err)
             return None
         return ResourceSummary.from_dict(got) if got is not None else None
-
-    def _arguments(self, line: str) -> tuple[argparse.Namespace, Options]:
-        """The magic's ``line`` parsed, and the options it gives; UsageError naming what is wrong."""
-        args = parse_argstring(self.resmon, line)
-        args.label = _unquote(args.label)
-        try:
-            return args, Options.from_arguments(args)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
 
     # -- line magic ------------------------------------------------------
     def _start_line(self, args, options: Options, where: str | None, outputs: dict[str, str]) -> None:
@@ -457,9 +449,8 @@ class ResmonMagics(Magics):
         head = lines[0].split(None, 1)
         self._quiet_line = None
         try:
-            parsed = self._arguments(head[1] if len(head) > 1 else "")
-            _cell_options_only(parsed[0], [senders.SINKS[name].flag for name in senders.outputs_given(parsed[0], MAGIC)])
-            if head[0] != "%%resmon" or not self._quiet_note(parsed[0], getattr(parsed[0], "session", None)):
+            parsed = _quiet_line_parsed(head[1] if len(head) > 1 else "") if head[0] == "%%resmon" else None
+            if parsed is None or not self._quiet_note(parsed[0], getattr(parsed[0], "session", None)):
                 return lines
         except Exception:  # noqa: BLE001 - the magic runs, and says what is wrong
             return lines
@@ -723,6 +714,28 @@ def _escape(text: str) -> str:
     import html
 
     return html.escape(text, quote=False)
+
+
+def _parsed(line: str) -> tuple[argparse.Namespace, Options]:
+    """The magic's ``line`` parsed, and the options it gives; UsageError naming what is wrong."""
+    args = parse_argstring(ResmonMagics.resmon, line)
+    args.label = _unquote(args.label)
+    try:
+        return args, Options.from_arguments(args)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+@functools.lru_cache(maxsize=16)   # ipykernel transforms a cell twice; a notebook has few such lines
+def _quiet_line_parsed(line: str) -> tuple[argparse.Namespace, Options] | None:
+    """A ``%%resmon`` line's :func:`_parsed`, where it asks for a quiet cell
+    (nothing shown nor returned) and gives options only; else None. Read, never changed."""
+    try:
+        args, options = _parsed(line)
+        _cell_options_only(args, [senders.SINKS[name].flag for name in senders.outputs_given(args, MAGIC)])
+    except UsageError:
+        return None
+    return (args, options) if args.quiet and not args.output else None
 
 
 class _NotedCell(NamedTuple):
