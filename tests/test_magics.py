@@ -525,6 +525,17 @@ def test_a_quiet_cell_after_the_first_runs_as_the_cell_it_wraps(ip):
     assert (row["label"], row["execution_count"], row["status"]) == ("wrapped", result.execution_count, "ok")
 
 
+def test_auto_mode_takes_a_run_cell_inside_a_cell_as_part_of_it(ip):
+    # %%capture runs its body by run_cell, whose hooks fire too: one record, the outer cell's, closed
+    with capture_output():
+        ip.run_line_magic("resmon", "auto on --threshold 0")
+        before = rows()
+        result = ip.run_cell("%%capture rm_captured\nrm_k = 1", store_history=True)
+        ip.run_line_magic("resmon", "auto off")
+    assert rows() == before + 1 and nbmon.history().iloc[-1]["execution_count"] == result.execution_count
+    assert host_info()["open_cells"] == 0
+
+
 def test_auto_mode_records_every_cell_until_off(ip):
     with capture_output() as cap:
         ip.run_line_magic("resmon", "auto on --threshold 0")
