@@ -1,13 +1,14 @@
 """Every kernel at a glance (issue 44): what one refresh of the kernels'
 table costs with 1, 20 and 50 kernels of 10 processes each (a kernel and 9
-forked workers), and what ``nbmon top`` costs while it shows 20 of them.
+forked workers), and what ``nbmon top`` and ``%resmon kernels`` cost while they show 20 of them.
 
 The kernels are stand-ins with a kernel's command line (``-f
 kernel-<n>.json``) and a notebook's name: the table reads /proc, and what it
 reads is the same for them as for ipykernels, without starting 50 of those.
 CPU is this process's (``time.process_time``) per refresh, the first (each
 tree opened) and the later ones (median of 20); ``nbmon top``'s is read
-from /proc/<pid>/stat over 20 s in a pseudo-terminal.
+from /proc/<pid>/stat over 20 s in a pseudo-terminal; ``%resmon kernels``'
+(its helper's and its kernel's) over 20 s in a real kernel.
 
     python benchmarks/bench_kernels.py [--out benchmarks/RESULTS.md]
 """
@@ -113,6 +114,40 @@ def top_cost() -> float:
         os.close(leader)
 
 
+def widget_cost() -> tuple[float, float]:
+    """``%resmon kernels`` in a real kernel, its table shown (the test is the
+    page: it says so every 5 s): the CPU of its helper and of the kernel
+    (which relays the table to the page), % of a core over TOP_S."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", stderr=subprocess.DEVNULL)
+    try:
+        opened = []
+        kc.execute_interactive("%load_ext nbmon\n%resmon kernels", timeout=120, output_hook=lambda msg: (
+            msg["msg_type"] == "comm_open" and "table" in msg["content"]["data"].get("state", {})
+            and opened.append(msg["content"]["comm_id"])))
+        comm_id = opened[0]
+        kernel = km.provisioner.process.pid
+        with open(f"/proc/{kernel}/task/{kernel}/children") as f:
+            helper = int(f.read().split()[0])
+
+        def seen() -> None:
+            kc.shell_channel.send(kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {
+                "method": "custom", "content": {"type": "nbmon:seen"}}}))
+
+        seen()
+        time.sleep(3.0)
+        start, t0 = (cpu_s(helper), cpu_s(kernel)), time.monotonic()
+        while time.monotonic() - t0 < TOP_S:
+            seen()
+            time.sleep(5.0)
+        elapsed = time.monotonic() - t0
+        return ((cpu_s(helper) - start[0]) / elapsed * 100.0, (cpu_s(kernel) - start[1]) / elapsed * 100.0)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 def ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:.1f} ({min(values) * 1000:.1f}–{max(values) * 1000:.1f})"
 
@@ -121,13 +156,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(HERE / "RESULTS.md"))
     args = parser.parse_args()
-    rows, top_percent = [], None
+    rows, top_percent, widget_percent = [], None, None
     for count in COUNTS:
         with tempfile.TemporaryDirectory(prefix="nbmon-bench-kernels-") as directory, stand_ins(count, directory):
             first, later = refresh_cost()
             rows.append(f"| {count} | {count * (WORKERS + 1)} | {first * 1000:.1f} | {ms(later)} |")
             if count == 20:
                 top_percent = top_cost()
+                widget_percent = widget_cost()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     text = "\n".join([
@@ -140,7 +176,9 @@ def main() -> None:
         "| kernels | processes | first refresh, CPU ms | later refreshes, CPU ms |", "|---|---|---|---|",
         *rows, "",
         f"`nbmon top` showing 20 of them (a refresh every {REFRESH_S:g} s), idle in a terminal: "
-        f"{top_percent:.2f} % of a core over {TOP_S:g} s.", ""])
+        f"{top_percent:.2f} % of a core over {TOP_S:g} s. `%resmon kernels` showing them in a notebook (the "
+        f"page shows it): its helper {widget_percent[0]:.2f} %, the kernel (relaying the table) "
+        f"{widget_percent[1]:.2f} % of a core.", ""])
     print(text)
     results_file.update(args.out, text, owns=r"## The kernels' table", header=False)
 

@@ -229,6 +229,7 @@ BUILT_IN: tuple[Metric, ...] = (
     Metric("sm_clock_mhz", "MHz", "SM clock", GAUGE, MEAN, DEVICE),
     Metric("mem_clock_mhz", "MHz", "memory clock", GAUGE, MEAN, DEVICE),
     Metric("proc_mem_mb", "MiB", "memory used by the process tree", GAUGE, PEAK, DEVICE),
+    Metric("proc_util_percent", "%", "SM utilisation by the process tree", RATE, MEAN, DEVICE),
     # -- all GPUs together -----------------------------------------------------
     Metric("gpu_util_percent", "%", "GPU utilisation (mean over GPUs)", RATE, MEAN, GPU,
            meter=True, total="mean", of="util_percent", short="GPU", record=(Shown("GPU util mean", 110),)),
@@ -237,6 +238,8 @@ BUILT_IN: tuple[Metric, ...] = (
            record=(Shown("GPU memory peak (all GPUs)", 120),)),
     Metric("gpu_proc_mem_mb", "MiB", "GPU memory of the process tree (all GPUs)", GAUGE, PEAK, GPU,
            total="sum", of="proc_mem_mb", record=(Shown("GPU memory peak (this tree)", 130),)),
+    Metric("gpu_proc_util_percent", "%", "GPU utilisation of the process tree (100 = one GPU)", RATE, MEAN, GPU,
+           total="sum", of="proc_util_percent"),
     Metric("gpu_power_w", "W", "GPU power (all GPUs)", GAUGE, MEAN, GPU, total="sum", of="power_w",
            record=(Shown("GPU power mean", 140),)),
     Metric("gpu_sm_clock_mhz", "MHz", "GPU SM clock (mean over GPUs)", GAUGE, MEAN, GPU,

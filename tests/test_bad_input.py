@@ -71,7 +71,7 @@ def in_tmp(tmp_path, monkeypatch):
 
 # -- %resmon / %%resmon ----------------------------------------------------------------
 
-SUBS = "start, stop, status, summary, auto"
+SUBS = "start, stop, status, summary, auto, kernels"
 POSITIVE = "--interval must be a positive number of seconds, got '{}'"
 
 # (magic, line, the value as typed or None when the mistake is a missing value, exact message)

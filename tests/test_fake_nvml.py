@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 
 import pynvml
 import pytest
@@ -184,7 +185,28 @@ QUERIES = {
         h, pynvml.NVML_CLOCK_GRAPHICS)),
     "procs": _per_handle(pynvml.nvmlDeviceGetComputeRunningProcesses),
     "graphics_procs": _per_handle(pynvml.nvmlDeviceGetGraphicsRunningProcesses),
+    "proc_util": _per_handle(lambda h: process_utilization(h)),
 }
+
+
+def process_utilization(handle) -> list:
+    """NVML's utilisation samples of the device's processes; none (NOT_FOUND, as NVML says it) is []."""
+    try:
+        return pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
+    except pynvml.NVMLError_NotFound:
+        return []
+
+
+def test_process_utilization_is_one_sample_per_computing_process_given_one(nvml):
+    nvml.update(procs={0: [(10, 1 << 20, 35), (11, 1 << 20)], 1: [(12, 2 << 20, 80)]})
+    a, b = handles(2)
+    before = time.time()
+    samples = pynvml.nvmlDeviceGetProcessUtilization(a, 0)
+    assert [(s.pid, s.smUtil) for s in samples] == [(10, 35)]
+    assert before - 1 <= samples[0].timeStamp / 1e6 <= time.time() + 1   # microseconds since the epoch
+    assert [(s.pid, s.smUtil) for s in pynvml.nvmlDeviceGetProcessUtilization(b, 0)] == [(12, 80)]
+    nvml.update(procs={0: [(11, 1 << 20)]})
+    assert process_utilization(a) == []
 
 
 def test_every_error_field_has_a_query():

@@ -21,6 +21,7 @@ from jupyter_client import KernelManager
 
 from helpers import wait_until
 from multiuser import other_user  # noqa: F401 - a fixture
+from nbmon.private import pid_started
 from nbmon.sources.kernels import connection_file, find_kernels
 
 MIB = 1 << 20
@@ -53,8 +54,16 @@ class Kernel:
         return reply
 
     def close(self) -> None:
+        """Shut the kernel down, and end what it left (a pool's forked workers outlive it, blocked for good)."""
+        try:
+            left = {pid: pid_started(pid) for pid in tree_pids(self.pid, helpers=True)}
+        except OSError:   # gone already
+            left = {}
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
+        for pid, started in left.items():
+            if started is not None and pid_started(pid) == started:
+                os.kill(pid, signal.SIGKILL)
 
 
 HELPER = b"nbmon.helper.serve:main"   # on the command line of nbmon's helper, which %resmon leaves out
@@ -153,13 +162,33 @@ def test_a_kernels_gpu_memory_is_its_processes_on_every_gpu(kernels, fake_gpu):
     # kernel on GPU 0, another kernel itself on both GPUs; a pid of no kernel's tree on GPU 1.
     worker = tree_pids(kernels["workers.ipynb"].pid)[-1]
     big = kernels["big.ipynb"].pid
+    # Their utilisation: NVML's sample of each process, summed over the tree's (100 = one GPU).
     fake_gpu.set(devices=[{"name": "FakeGPU-A", "mem_total": 16 << 30}, {"name": "FakeGPU-B", "mem_total": 16 << 30}],
-                 procs={0: [(worker, 512 * MIB), (big, 1024 * MIB)], 1: [(big, 256 * MIB), (1, 64 * MIB)]})
+                 procs={0: [(worker, 512 * MIB, 35), (big, 1024 * MIB, 40)], 1: [(big, 256 * MIB, 25), (1, 64 * MIB, 90)]})
     rows = ours(table(), kernels)
     assert rows["workers.ipynb"]["gpu_proc_mem_mb"] == 512 and rows["big.ipynb"]["gpu_proc_mem_mb"] == 1280, rows
-    assert rows["idle.ipynb"]["gpu_proc_mem_mb"] == 0
+    assert rows["workers.ipynb"]["gpu_proc_util_percent"] == 35 and rows["big.ipynb"]["gpu_proc_util_percent"] == 65
+    assert rows["idle.ipynb"]["gpu_proc_mem_mb"] == 0 and rows["idle.ipynb"]["gpu_proc_util_percent"] == 0
     assert [r["notebook"] for r in table("--sort", "gpu")["kernels"]][:2] == [
         kernels["big.ipynb"].name, kernels["workers.ipynb"].name]
+
+
+def test_a_watched_kernels_peak_is_its_last_minutes_highest(kernels, tmp_path):
+    # A kernel nbmon watches held 200 MiB for two seconds, then freed it: the table's peak
+    # (from its black box) stands that far above what the test reads of its tree now.
+    peak = Kernel("peak.ipynb", tmp_path)
+    try:
+        peak.run("%load_ext nbmon\n%resmon auto on")
+        peak.run("import time, numpy as np\nheld = np.ones(200 << 17)\ntime.sleep(2.0)\ndel held")
+        row = next(r for r in table()["kernels"] if r["pid"] == peak.pid)
+        now = sum(smaps_mb(p, "Pss") for p in tree_pids(peak.pid))
+        assert row["proc_pss_peak_mb"] - now > 200 - PSS_MARGIN_MB, (row, now)
+        assert row["proc_pss_peak_mb"] - now < 200 + 3 * PSS_MARGIN_MB, (row, now)
+    finally:
+        peak.close()
+    others = ours(table(), kernels)
+    assert others["watched.ipynb"]["proc_pss_peak_mb"] >= others["watched.ipynb"]["proc_pss_mb"] - PSS_MARGIN_MB
+    assert others["idle.ipynb"]["proc_pss_peak_mb"] is None   # not watched: unknown, never guessed
 
 
 def test_the_table_is_sorted_and_totalled(kernels):
@@ -202,7 +231,7 @@ def test_a_kernel_sees_itself_in_its_own_table(kernels):
     idle.kc.execute_interactive("import nbmon\nframe = nbmon.kernels()\n"
                                 "print(frame.loc[frame['this'], 'notebook'].tolist(), len(frame.columns))",
                                 timeout=120, output_hook=lambda m: got.append(m["content"].get("text", "")))
-    assert "".join(got).strip() == f"[{idle.name!r}] 15", got
+    assert "".join(got).strip() == f"[{idle.name!r}] 17", got
 
 
 def test_another_users_kernel_is_never_shown(kernels, other_user):  # noqa: F811 - a fixture

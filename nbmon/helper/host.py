@@ -102,6 +102,7 @@ class SessionHost(HostCalls, HostNotes):
         self.note = CellNote()   # the running cell, for the black box and the memory warning
         self.bands: list[dict] = []   # cell executions while a dashboard shows
         self.views: list[tuple] = []   # (Dashboard, table display id, picture display id)
+        self.kernels_views: list = []   # nbmon.views.kernels.KernelsView, live
         self._cells: dict[int, _OpenCell] = {}
         self._tokens = 0
         self._owner = ""   # what started the monitor: "auto" stops it with auto mode
@@ -482,6 +483,22 @@ class SessionHost(HostCalls, HostNotes):
             self._run(self.monitor)
         self.views[-1][0].start()
 
+    def kernels_view(self) -> dict:
+        """Every Jupyter kernel of this user (``%resmon kernels``): the
+        table's record to display now, by its display id; in a kernel's front
+        end a live table mounts into it (:mod:`nbmon.views.kernels`), read
+        while a page shows it."""
+        from ..views.kernels import KernelsView
+
+        display_id = uuid.uuid4().hex
+        view = KernelsView(self.pid, update=lambda bundle: self.outlet.update(display_id, bundle))
+        if self.kernel:
+            view.start()
+            self.kernels_views.append(view)
+        else:
+            view.close()
+        return {"id": display_id, "record": view.record()}
+
     def close(self) -> None:
         """The kernel exits (or unloads nbmon, after :meth:`stop`): the
         threads stop and the monitor's run ends (its black box goes with it).
@@ -489,6 +506,8 @@ class SessionHost(HostCalls, HostNotes):
         longer live, as it would be were the session in the kernel."""
         for view, *_ in self.views:
             view.stop()
+        for kernels in self.kernels_views:
+            kernels.close()
         if self.monitor is not None:
             self.monitor.stop()
 

@@ -40,7 +40,7 @@ from ..launch import resident_mb
 from . import guard
 from .session import SESSION, options_dict
 
-SUBCOMMANDS = ("start", "stop", "status", "summary", "auto")
+SUBCOMMANDS = ("start", "stop", "status", "summary", "auto", "kernels")
 LABEL_CHARS = 60
 
 
@@ -276,7 +276,7 @@ class ResmonMagics(Magics):
 
     @magic_arguments()
     @argument("subcommand", nargs="?", default="start",
-              help="line magic: start (default), stop, status, summary, or auto on|off")
+              help="line magic: start (default), stop, status, summary, kernels, or auto on|off")
     @argument("value", nargs="?", help="on or off, for auto")
     @_from_table(opts.arguments(MAGIC))
     @argument("--window", metavar="S", help=f"seconds shown by the live dashboard (default {DEFAULT_WINDOW_S:g})")
@@ -297,6 +297,7 @@ class ResmonMagics(Magics):
         %resmon status    what is running, faults, GPU state
         %resmon summary   the ResourceSummary since start
         %resmon auto on   summarise every cell over --threshold seconds (auto off to stop)
+        %resmon kernels   every Jupyter kernel of yours on this host, live: memory, CPU, GPU, state
         %%resmon          run the cell and show its ResourceSummary
         """
         args, options = _parsed(line)
@@ -330,6 +331,8 @@ class ResmonMagics(Magics):
         if args.subcommand == "status":
             print(self.status())
             return None
+        if args.subcommand == "kernels":
+            return self._kernels(where)
         try:
             got = SESSION.host.summary() if SESSION.host is not None else None
         except Exception as err:  # noqa: BLE001
@@ -372,6 +375,15 @@ class ResmonMagics(Magics):
                 host.start(options_dict(options), outputs, args.force)
         except Exception as err:  # noqa: BLE001 - HostError, or the streams' refusal
             _said(err)
+
+    def _kernels(self, where: str | None) -> None:
+        """``%resmon kernels``: the table of every kernel of this user, live where the page has widgets."""
+        try:
+            got = SESSION.host_for(where).kernels_view()
+        except Exception as err:  # noqa: BLE001 - HostError
+            _said(err)
+            return
+        _show(got["record"], got["id"])
 
     def stop(self, summary: bool = True) -> None:
         """Stop monitoring; each dashboard is replaced by its static record,

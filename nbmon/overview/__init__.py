@@ -6,10 +6,10 @@ Each kernel (:func:`nbmon.sources.kernels.find_kernels`) is measured as
 ``%resmon`` measures one: its whole process tree's memory as the machine
 sees it (PSS: shared pages once, forked workers included; nbmon's own
 helper processes left out), CPU (100 = one
-core) over the time since the last refresh, GPU memory of its processes,
-and its share of its memory cgroup's limit. A kernel nbmon watches also
-says, from the black box it keeps, whether a cell runs: its prompt number,
-first line and since when. A row's figures are NaN where unknown; the
+core) over the time since the last refresh, GPU memory and utilisation
+of its processes, and its share of its memory cgroup's limit. A kernel nbmon watches also
+says, from the black box it keeps, its tree's peak memory over the last
+minute and whether a cell runs: its prompt number, first line and since when. A row's figures are NaN where unknown; the
 text for humans is made at the edges (:func:`table_text`).
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ from ..values import NAN
 
 SORTS = {"memory": "proc_pss_mb", "cpu": "proc_cpu_percent", "gpu": "gpu_proc_mem_mb", "age": "age_s"}
 FIRST_INTERVAL_S = 0.5   # a one-shot table's CPU % is over this long
-ROW_COLUMNS = ("notebook", "kernel_id", "pid", "age_s", "this", "proc_pss_mb", "limit_percent", "proc_cpu_percent",
-               "gpu_proc_mem_mb", "proc_count", "watched", "state", "cell_number", "cell_label", "busy_s")
+ROW_COLUMNS = ("notebook", "kernel_id", "pid", "age_s", "this", "proc_pss_mb", "proc_pss_peak_mb", "limit_percent",
+               "proc_cpu_percent", "gpu_proc_mem_mb", "gpu_proc_util_percent", "proc_count", "watched", "state", "cell_number", "cell_label", "busy_s")
 
 
 @dataclass
@@ -55,15 +55,19 @@ class KernelsTable:
             known = [r[column] for r in self.rows if r[column] == r[column]]
             return sum(known) if known else NAN
 
-        return {c: total(c) for c in ("proc_pss_mb", "proc_cpu_percent", "gpu_proc_mem_mb", "proc_count")}
+        return {c: total(c) for c in ("proc_pss_mb", "proc_cpu_percent", "gpu_proc_mem_mb", "gpu_proc_util_percent",
+                                      "proc_count")}
 
 
 class Kernels:
     """Every kernel of this user, refreshed on demand: the trees of kernels
     seen before are kept (their CPU % is over the time since the last
-    refresh), those of kernels gone are closed."""
+    refresh), those of kernels gone are closed. ``this_pid``: the process
+    whose kernel is "this" one (this process by default; a helper names its
+    kernel, for a helper is in no kernel's tree)."""
 
-    def __init__(self, gpu: bool = True):
+    def __init__(self, gpu: bool = True, this_pid: int | None = None):
+        self.this_pid = os.getpid() if this_pid is None else this_pid   # its kernel's row says "this"
         self._trees: dict[tuple[int, int], tuple[ProcessTree, Cgroup]] = {}
         self._gpus = GPUs() if gpu else None
         self._own = Cgroup(slow_every_s=0.0)   # read at every refresh, however soon after the last
@@ -112,19 +116,21 @@ class Kernels:
 
     def _row(self, kernel: KernelProcess, tree: ProcessTree, group: Cgroup, figures: dict, box, now: float) -> dict:
         pids = tree.pids
-        gpu = NAN
+        gpu = {}
         if self._gpus is not None and self._gpus.devices:
             self._gpus.tree_pids = lambda: pids
-            gpu = self._gpus.sample(now).get("gpu_proc_mem_mb", NAN)
+            gpu = self._gpus.sample(now)
         limit = group.sample(now)["cgroup_mem_limit_mb"]
         cell = box.cell if box is not None else None
         running = cell is not None and cell.running
         return {"notebook": kernel.session, "kernel_id": kernel.kernel_id, "pid": kernel.pid,
-                "age_s": kernel.age_s, "this": os.getpid() in pids,
+                "started": kernel.started, "age_s": kernel.age_s, "this": self.this_pid in pids,
                 "proc_pss_mb": figures.get("proc_pss_mb", NAN),
+                "proc_pss_peak_mb": deaths.tree_peak_mb(box) if box is not None else NAN,
                 "limit_percent": figures.get("proc_pss_mb", NAN) / limit * 100.0 if limit == limit else NAN,
                 "proc_cpu_percent": figures.get("proc_cpu_percent", NAN),
-                "gpu_proc_mem_mb": gpu, "proc_count": float(len(pids)),
+                "gpu_proc_mem_mb": gpu.get("gpu_proc_mem_mb", NAN),
+                "gpu_proc_util_percent": gpu.get("gpu_proc_util_percent", NAN), "proc_count": float(len(pids)),
                 "watched": box is not None, "state": ("busy" if running else "idle") if box is not None else "",
                 "cell_number": cell.number if running else None, "cell_label": cell.label if running else "",
                 "busy_s": time.time() - cell.started if running and cell.started == cell.started else NAN}
@@ -162,8 +168,8 @@ def kernels(sort: str = "memory"):
     row per kernel, largest first by ``sort`` (memory, cpu, gpu or age):
     the notebook it serves, pid, age, its process tree's memory (PSS, MiB)
     and share of its memory limit, CPU (100 = one core, over half a
-    second), GPU memory, processes, and, where nbmon watches it, whether a
-    cell runs (``this``: the kernel calling)."""
+    second), GPU memory, processes, and, where nbmon watches it, its peak
+    memory over the last minute and whether a cell runs (``this``: the kernel calling)."""
     import pandas as pd
 
     if sort not in SORTS:
@@ -174,7 +180,7 @@ def kernels(sort: str = "memory"):
 NAME_CHARS = 40
 # (heading, width: 0 for the rest of the line, right-aligned: a number)
 COLUMNS = (("NOTEBOOK", NAME_CHARS, False), ("PID", 7, True), ("AGE", 4, True), ("MEMORY", 9, True),
-           ("LIMIT", 6, True), ("CPU", 7, True), ("GPU MEM", 9, True), ("PROCS", 5, True), ("STATE", 0, False))
+           ("PEAK 1M", 9, True), ("LIMIT", 6, True), ("CPU", 7, True), ("GPU MEM", 9, True), ("GPU", 6, True), ("PROCS", 5, True), ("STATE", 0, False))
 
 
 def _age(seconds: float) -> str:
@@ -205,8 +211,10 @@ def row_cells(row: dict) -> list[str]:
     if len(name) > NAME_CHARS - 2:   # a long path keeps its end: the notebook's own name
         name = "\u2026" + name[-(NAME_CHARS - 3):]
     name = ("\u25b6 " if row["this"] else "") + name
-    return [name, str(row["pid"]), _age(row["age_s"]), fmt(row["proc_pss_mb"], "MiB"), fmt(row["limit_percent"], "%"),
-            fmt(row["proc_cpu_percent"], "%"), fmt(row["gpu_proc_mem_mb"], "MiB"), f"{row['proc_count']:.0f}",
+    return [name, str(row["pid"]), _age(row["age_s"]), fmt(row["proc_pss_mb"], "MiB"),
+            fmt(row["proc_pss_peak_mb"], "MiB"), fmt(row["limit_percent"], "%"),
+            fmt(row["proc_cpu_percent"], "%"), fmt(row["gpu_proc_mem_mb"], "MiB"),
+            fmt(row["gpu_proc_util_percent"], "%"), f"{row['proc_count']:.0f}",
             printable(one_line(_state(row)))]
 
 
@@ -217,6 +225,8 @@ def total_text(table: KernelsTable) -> str:
             f"CPU {fmt(totals['proc_cpu_percent'], '%')}") if count else "no Jupyter kernel of yours runs on this host"
     if totals["gpu_proc_mem_mb"] == totals["gpu_proc_mem_mb"]:
         text += f", GPU {fmt(totals['gpu_proc_mem_mb'], 'MiB')}"
+        if totals["gpu_proc_util_percent"] == totals["gpu_proc_util_percent"]:
+            text += f" at {fmt(totals['gpu_proc_util_percent'], '%')}"
     if table.room_mb == table.room_mb:
         text += (f" · {fmt(table.room_mb, 'MiB')} free of the {table.room_of}'s "
                  f"{fmt(table.limit_mb, 'MiB')}" + (" limit" if table.room_of == "container" else ""))

@@ -198,6 +198,13 @@ def _peak(records, name: str) -> float:
     return max(values) if values else math.nan
 
 
+def tree_peak_mb(box: Box) -> float:
+    """The highest memory of the kernel's tree over its box's records (its last minute)."""
+    records = [(r.wall, r.values) for r in box.records]
+    tree = _tree_field(records)
+    return _peak(records, tree) if tree else math.nan
+
+
 def _oom_kills_since(box: Box, records) -> float:
     """OOM kills in the box's cgroup after its last record (NaN: cannot tell)."""
     before = _last(records, "cgroup_oom_kills")

@@ -83,10 +83,11 @@ DEVICE_KEYS = NUMERIC_DEVICE_KEYS + TEXT_DEVICE_KEYS
 #:   clock_sm, clock_mem, clock_graphics   nvmlDeviceGetClockInfo per type
 #:   procs          nvmlDeviceGetComputeRunningProcesses_v2/_v3
 #:   graphics_procs nvmlDeviceGetGraphicsRunningProcesses_v2/_v3
+#:   proc_util      nvmlDeviceGetProcessUtilization
 DEVICE_ERROR_FIELDS = (
     "handle", "name", "uuid", "util", "memory", "temp", "fan", "power",
     "power_limit", "clock_sm", "clock_mem", "clock_graphics", "procs",
-    "graphics_procs", "all",
+    "graphics_procs", "proc_util", "all",
 )
 #: Global error fields, used as ``errors={field: code}``:
 #:   init            nvmlInit / nvmlInit_v2 / nvmlInitWithFlags
@@ -254,7 +255,9 @@ class FakeNVML:
             GLOBAL_ERROR_FIELDS.  Code 0 means "no error".
         procs / graphics_procs: {device_index: [(pid, used_bytes), ...]};
             used_bytes None is reported as NVML_VALUE_NOT_AVAILABLE, which
-            pynvml turns into usedGpuMemory None.
+            pynvml turns into usedGpuMemory None. A compute process may have
+            a third item, its SM utilisation % (an int): the one sample
+            nvmlDeviceGetProcessUtilization reports for it.
         """
         state = dict(
             devices=[dict(d) for d in devices],
@@ -364,7 +367,10 @@ class FakeNVML:
             for index, plist in sorted(table.items()):
                 _check_index(f"{directive} table", index)
                 for entry in plist:
-                    pid, used = entry
+                    pid, used, *sm = entry
+                    if len(sm) > 1 or (sm and (directive != "proc" or isinstance(sm[0], bool)
+                                               or not isinstance(sm[0], int) or not 0 <= sm[0] <= 100)):
+                        raise ValueError(f"bad entry {entry!r}: (pid, used) or, computing, (pid, used, sm %)")
                     if isinstance(pid, bool) or not isinstance(pid, int) \
                             or not 0 <= pid < 2**32:
                         raise ValueError(f"bad pid {pid!r} on device {index}")
@@ -374,7 +380,7 @@ class FakeNVML:
                         used_s = str(used)
                     else:
                         raise ValueError(f"bad used bytes {used!r} for pid {pid}")
-                    lines.append(f"{directive} {index} pid={pid} used={used_s}")
+                    lines.append(f"{directive} {index} pid={pid} used={used_s}" + (f" sm={sm[0]}" if sm else ""))
                     total += 1
             if total > MAX_PROCS:
                 raise ValueError(f"at most {MAX_PROCS} {directive} entries")

@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Build with -fvisibility=hidden so only the NVML API is exported. */
 #define EXPORT __attribute__((visibility("default")))
@@ -47,6 +48,7 @@ enum {
     NVML_ERROR_UNINITIALIZED = 1,
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
@@ -82,6 +84,14 @@ typedef struct {
 
 _Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t layout");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout");
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp; /* CPU microseconds since the epoch */
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t layout");
 
 /* NVML_VALUE_NOT_AVAILABLE: pynvml turns usedGpuMemory == this into None. */
 #define NOT_AVAILABLE ULLONG_MAX
@@ -119,12 +129,12 @@ static int initialized(void)
 enum field {
     F_HANDLE, F_NAME, F_UUID, F_UTIL, F_MEMORY, F_TEMP, F_FAN, F_POWER,
     F_POWER_LIMIT, F_CLOCK_SM, F_CLOCK_MEM, F_CLOCK_GRAPHICS, F_PROCS,
-    F_GRAPHICS_PROCS, F_ALL, N_FIELDS
+    F_GRAPHICS_PROCS, F_PROC_UTIL, F_ALL, N_FIELDS
 };
 static const char *const field_names[N_FIELDS] = {
     "handle", "name", "uuid", "util", "memory", "temp", "fan", "power",
     "power_limit", "clock_sm", "clock_mem", "clock_graphics", "procs",
-    "graphics_procs", "all",
+    "graphics_procs", "proc_util", "all",
 };
 
 /* Numeric device fields, in the order of dev_keys[].  NOT_AVAILABLE marks
@@ -153,6 +163,7 @@ struct dev {
 struct proc {
     unsigned int dev, pid;
     unsigned long long used;
+    int sm; /* SM utilisation %, -1: no utilisation sample */
 };
 
 struct cfg {
@@ -272,11 +283,14 @@ static void parse_line(struct cfg *c, char *line)
         p->dev = idx;
         p->pid = 0;
         p->used = NOT_AVAILABLE;
+        p->sm = -1;
         while ((tok = strtok_r(NULL, " \t\r\n", &save))) {
             if (strncmp(tok, "pid=", 4) == 0)
                 p->pid = (unsigned)strtoul(tok + 4, NULL, 0);
             else if (strncmp(tok, "used=", 5) == 0)
                 p->used = parse_num(tok + 5);
+            else if (strncmp(tok, "sm=", 3) == 0)
+                p->sm = (int)strtol(tok + 3, NULL, 0);
         }
     }
 }
@@ -720,6 +734,50 @@ EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(
     nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos)
 {
     return get_procs(device, 1, count, infos);
+}
+
+/* One utilisation sample, taken now, per compute process of the device
+ * that has one (its sm=); none: NOT_FOUND, as NVML answers when no process
+ * ran since lastSeenTimeStamp.  The two-call protocol of get_procs(). */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(
+    nvmlDevice_t device, nvmlProcessUtilizationSample_t *samples,
+    unsigned int *count, unsigned long long lastSeenTimeStamp)
+{
+    AUTO_CFG *c;
+    const struct dev *d;
+    nvmlReturn_t rc = begin_dev(device, F_PROC_UTIL, &c, &d);
+    if (rc)
+        return rc;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    (void)lastSeenTimeStamp;
+
+    unsigned int idx = (unsigned)handle_index(device), n = 0;
+    for (unsigned int i = 0; i < c->n_procs[0]; i++)
+        n += c->procs[0][i].dev == idx && c->procs[0][i].sm >= 0;
+    if (n == 0) {
+        *count = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (*count < n || !samples) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    unsigned int j = 0;
+    for (unsigned int i = 0; i < c->n_procs[0]; i++) {
+        const struct proc *p = &c->procs[0][i];
+        if (p->dev != idx || p->sm < 0)
+            continue;
+        samples[j].pid = p->pid;
+        samples[j].timeStamp = (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000ULL;
+        samples[j].smUtil = (unsigned)p->sm;
+        samples[j].memUtil = samples[j].encUtil = samples[j].decUtil = 0;
+        j++;
+    }
+    *count = n;
+    return NVML_SUCCESS;
 }
 
 /* ---- test-only hooks (not NVML API) ----------------------------------- */

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from ... import catalog
 from ...values import MIB, NAN
@@ -155,6 +156,7 @@ class Device:
         for name, query in QUERIES.items():
             out.update(self.ask(name, query))
         out.update(self.ask("processes", lambda nv, h: {"proc_mem_mb": self._tree_memory_mb(pids)}))
+        out.update(self.ask("process utilization", lambda nv, h: {"proc_util_percent": self._tree_util_percent(pids)}))
         return out
 
     def query(self, name: str) -> dict[str, float]:
@@ -178,6 +180,25 @@ class Device:
         errors, self._errors = self._errors, []
         return errors
 
+    def _tree_util_percent(self, pids) -> float:
+        """The SM utilisation of the tree's processes on this device (their
+        sum: 100 = the whole GPU), each by its newest of NVML's samples of
+        the last :data:`UTIL_WINDOW_S` seconds; 0 where none of them ran."""
+        if not pids:
+            return NAN
+        since_us = int((time.time() - UTIL_WINDOW_S) * 1e6)
+        try:
+            samples = self.nv.nvmlDeviceGetProcessUtilization(self.handle, since_us)
+        except self.nv.NVMLError as err:
+            if err.value == self.nv.NVML_ERROR_NOT_FOUND:   # no process ran on it since
+                return 0.0
+            raise
+        newest: dict[int, tuple[int, int]] = {}
+        for sample in samples:
+            if sample.pid in pids and sample.timeStamp >= newest.get(sample.pid, (-1, 0))[0]:
+                newest[sample.pid] = (sample.timeStamp, sample.smUtil)
+        return float(sum(util for _, util in newest.values()))
+
     def _tree_memory_mb(self, pids) -> float:
         if not pids:
             return NAN
@@ -198,6 +219,7 @@ NAME = "NVIDIA"
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 IMPORTS = ("pynvml",)
 MAX_ERRORS = 64
+UTIL_WINDOW_S = 1.0   # a process's utilisation: its newest sample of this long
 
 
 def discover() -> tuple[int, str]:
