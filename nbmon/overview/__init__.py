@@ -87,7 +87,7 @@ class Kernels:
             self._start(now)
         members = frozenset(pid for (root, _), (tree, _) in self._trees.items() for pid in tree.pids if pid != root)
         found = find_kernels(members=members)
-        boxes = {(b.header["pid"], b.header["started"]): b for b in deaths.scan().live}
+        boxes = deaths.live_boxes({(kernel.pid, kernel.started) for kernel in found.kernels})
         seen, rows = set(), []
         for kernel in found.kernels:
             key = (kernel.pid, kernel.started)

@@ -324,6 +324,32 @@ def scan() -> Scan:
     return found
 
 
+def live_boxes(processes) -> dict[tuple[int, int], Box]:
+    """The boxes of the running ``processes`` ((pid, start time) pairs), by
+    that pair. Only a box whose name names one of them is read: a dead
+    kernel's (kept a week) costs a name's match, not a read."""
+    try:
+        directory = box_dir()
+        names = os.listdir(directory)
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        if not (_NAME.fullmatch(name) and name.endswith(SUFFIX)):
+            continue
+        pid, started, _ = name.split("-", 2)
+        key = (int(pid), int(started))
+        if key not in processes:
+            continue
+        try:
+            box = read_box(os.path.join(directory, name))
+        except (BadBox, OSError):
+            continue
+        if (box.header["pid"], box.header["started"]) == key and _state(box) == "live":
+            found[key] = box
+    return found
+
+
 def _last_seen(box: Box) -> float:
     return box.records[-1].wall if box.records else box.header["created"]
 
