@@ -75,3 +75,17 @@ def test_the_kernels_table_in_jupyterlab_light_and_dark_and_a_shutdown_through_t
         page.wait_for_timeout(3000)
         assert len(kernel_ids(lab)) == 1 and other not in kernel_ids(lab)   # not restarted by its server
         live.screenshot(path=str(ARTIFACTS / "kernels-dark-after-shutdown.png"))
+
+        # Saved, and opened again with no kernel that knows the table: its record shows it, no widget error.
+        page.get_by_role("menuitem", name="File", exact=True).click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Save Notebook$")).click()
+        wait_for(lambda: "nbmon-kernels-record" in (lab.root / NOTEBOOK).read_text(), 30, "the saved notebook")
+        for kernel in lab.api("/api/kernels"):
+            lab.api(f"/api/kernels/{kernel['id']}", method="DELETE", timeout=20.0)
+        page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?reset&token={lab.token}", timeout=120_000)
+        record = page.locator(".nbmon-kernels-record .nbmon-kernels-static")
+        record.wait_for(timeout=60_000)
+        page.wait_for_timeout(3000)   # a widget error, were there one, shows by now
+        assert record.is_visible() and NOTEBOOK in record.inner_text()
+        assert "Error displaying widget" not in page.locator("body").inner_text()
+        record.screenshot(path=str(ARTIFACTS / "kernels-saved.png"))

@@ -25,6 +25,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from cgroups import MemoryCgroup
 from helpers import wait_until
+from nbmon.postmortem.blackbox import CHECK_EVERY_S, read_box
 from nbmon.report.notebooks import RECORD_MIME
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
@@ -324,3 +325,52 @@ def test_a_kernel_on_another_host_sharing_the_directory_is_told_there_only(priva
         (record,) = postmortems(again.run("%load_ext nbmon"))
         assert "stopped without exiting normally" in record and "restarted" not in record, record
         assert f"pid {far.pid} on {host}" in record, record
+
+
+# The kernel's main thread in a C call that keeps the GIL (a PyDLL call does), while a child it started
+# grows the container's memory past the warning until the OOM killer ends the child. Neither the kernel's
+# pipe (its relay thread waits for the GIL) nor the warning said into it may hold the box back.
+GROWS = "import time\nchunks = []\nwhile True:\n    chunks.append(b'x' * (2 << 20))\n    time.sleep(0.025)"
+GROWTH_PER_CHECK_MB = 2 * CHECK_EVERY_S / 0.025   # MiB between two of the box's reads near the limit
+GIL_HELD_S = 12
+GIL_HELD = ("%%resmon --label held --memory-guard off\n"
+            "import ctypes, subprocess, sys\n"
+            f"grows = subprocess.Popen([sys.executable, '-c', {GROWS!r}])\n"
+            f"ctypes.PyDLL(None).sleep({GIL_HELD_S})   # the GIL kept throughout\n"
+            "grows.kill()\n"
+            "grows.wait()")
+
+
+def test_the_box_keeps_its_records_while_the_kernel_holds_the_gil(private_dir, limited_kernelspec, tmp_path):
+    kernel_name, group = limited_kernelspec
+    killed_at = []
+
+    def watch_kills() -> None:   # the test's own clock of the OOM kill, from the group's counter
+        deadline = time.monotonic() + 120
+        while not killed_at and time.monotonic() < deadline:
+            if group.oom_kills():
+                killed_at.append(time.time())
+            time.sleep(0.02)
+
+    with Kernel(str(tmp_path / "held.ipynb"), kernel_name) as kernel:
+        kernel.run("%load_ext nbmon")
+        kernel.run("%resmon")   # a live chart: its frames fill the kernel's pipe while it reads nothing
+        watcher = threading.Thread(target=watch_kills, daemon=True)
+        watcher.start()
+        began = time.time()
+        kernel.run(GIL_HELD)
+        ended = time.time()
+        watcher.join(10)
+        (name,) = boxes(private_dir)
+        records = read_box(str(private_dir / name)).records
+    assert killed_at and began < killed_at[0] < ended, (began, killed_at, ended)
+    # A record every second while the GIL was held: none missing around the kill.
+    walls = [r.wall for r in records if began <= r.wall <= began + GIL_HELD_S]
+    gaps = [b - a for a, b in zip(walls, walls[1:])]
+    assert len(walls) >= GIL_HELD_S - 2 and max(gaps) < 2.5, walls
+    assert any(abs(wall - killed_at[0]) < 1.5 for wall in walls), (walls, killed_at)
+    # The container's peak as the box has it: the group's own high-water mark, less at most the growth
+    # between two of its reads (and one more: a read late on a loaded machine).
+    box_peak = max(r.values["cgroup_mem_used_mb"] for r in records if r.values["cgroup_mem_used_mb"] == r.values[
+        "cgroup_mem_used_mb"])
+    assert box_peak >= group.peak_mb() - 2 * GROWTH_PER_CHECK_MB, (box_peak, group.peak_mb())
