@@ -244,6 +244,29 @@ def test_cells_are_sent_as_bands_once_and_again_when_they_end(stopped, dashboard
     assert bands[1]["t1"] - bands[1]["t0"] == pytest.approx(1.5)
 
 
+def test_every_band_in_the_window_is_sent_again_now_and_then(stopped, dashboards, monkeypatch):
+    # A page misses the frames that come before its model is ready: a band's end it missed comes again.
+    import time
+    import types
+
+    from nbmon.views import dashboard, live
+
+    cells = []
+    d = Dashboard(stopped, start=False, cells=cells)
+    dashboards.append(d)
+    d.widget.comm = comm = RecordingComm(target_name="jupyter.widget")
+    t = stopped.store.latest()["t"]
+    cells.append({"id": "a", "n": 3, "label": "import time", "t0": t, "t1": t + 1.0})
+    assert d.refresh()                                  # the frame the page missed
+    assert d.refresh() is False
+    later = time.monotonic() + live.RECORD_EVERY_S
+    monkeypatch.setattr(dashboard, "time", types.SimpleNamespace(monotonic=lambda: later))
+    assert d.refresh()
+    (band,) = comm.customs("nbmon:append")[-1][0]["cells"]
+    assert (band["id"], band["n"], band["t1"] - band["t0"]) == ("a", 3, pytest.approx(1.0))
+    assert d.refresh() is False                         # and not again until the next time
+
+
 def test_cells_that_ended_before_the_window_are_neither_sent_nor_kept(stopped, dashboards):
     from nbmon.views.dashboard import MAX_CELLS, keep_cells
 

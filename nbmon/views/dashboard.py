@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import math
+import time
 
 import numpy as np
 
@@ -190,6 +191,7 @@ class Dashboard(LiveView):
         self._t0 = math.nan
         self._t_last = -math.inf
         self._sent_cells: dict = {}
+        self._cells_sent_at = time.monotonic()   # every band in the window last sent
         self._memory_axes: tuple | None = None   # (x, kernel y, machine y or None) of the memory row
         self._warning: tuple = (None, {})   # (what the memory warning's layout shows, that layout)
         if build:
@@ -237,6 +239,11 @@ class Dashboard(LiveView):
         out = []
         t0 = self._t0 if self._t0 == self._t0 else 0.0
         oldest = self._t_last - self.window_s
+        now = time.monotonic()
+        if now - self._cells_sent_at >= live.RECORD_EVERY_S:
+            # Every band in the window again, now and then: a page misses the frames that come before
+            # its model's initialize() ran, and a band whose end it missed would run on for good.
+            self._cells_sent_at, self._sent_cells = now, {}
         sent, self._sent_cells = self._sent_cells, {}
         for cell in list(self.cells):
             t1 = cell.get("t1")
