@@ -271,6 +271,17 @@ def _state(box: Box) -> str:
     return "live" if alive(h["pid"], h["started"]) else "dead"
 
 
+def _read(path: str) -> tuple[Box | None, str]:
+    """The box at ``path`` and its :func:`_state`; None and why where it is not a box or cannot be read."""
+    if not _NAME.fullmatch(os.path.basename(path)):
+        return None, "not a black box's name"
+    try:
+        box = read_box(path)
+    except (BadBox, OSError) as err:
+        return None, str(err) or type(err).__name__
+    return box, _state(box)
+
+
 _ELSEWHERE = {"another host": "a kernel on another host ({}): whether it lives cannot be told from here",
               "another pid namespace": "a kernel in another pid namespace (container): whether it lives "
                                        "cannot be told from here"}
@@ -305,16 +316,10 @@ def scan() -> Scan:
     found.unread = [os.path.join(found.directory, name) for name in older]
     for name in names:
         path = os.path.join(found.directory, name)
-        if not _NAME.fullmatch(name):
-            found.skipped.append((path, "not a black box's name"))
-            continue
-        try:
-            box = read_box(path)
-        except (BadBox, OSError) as err:
-            found.skipped.append((path, str(err) or type(err).__name__))
-            continue
-        state = _state(box)
-        if state == "live":
+        box, state = _read(path)
+        if box is None:
+            found.skipped.append((path, state))
+        elif state == "live":
             found.live.append(box)
         elif state == "dead":
             found.dead.append((box, name.endswith(SEEN)))
@@ -333,19 +338,14 @@ def live_boxes(processes) -> dict[tuple[int, int], Box]:
         names = os.listdir(directory)
     except OSError:
         return {}
+    wanted = {f"{pid}-{started}": (pid, started) for pid, started in processes}
     found = {}
     for name in names:
-        if not (_NAME.fullmatch(name) and name.endswith(SUFFIX)):
+        key = wanted.get(name.rsplit("-", 1)[0])   # a box's name: pid-start-boot.box
+        if key is None or not name.endswith(SUFFIX):
             continue
-        pid, started, _ = name.split("-", 2)
-        key = (int(pid), int(started))
-        if key not in processes:
-            continue
-        try:
-            box = read_box(os.path.join(directory, name))
-        except (BadBox, OSError):
-            continue
-        if (box.header["pid"], box.header["started"]) == key and _state(box) == "live":
+        box, state = _read(os.path.join(directory, name))
+        if box is not None and state == "live" and (box.header["pid"], box.header["started"]) == key:
             found[key] = box
     return found
 
