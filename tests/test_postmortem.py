@@ -330,8 +330,10 @@ def test_a_kernel_on_another_host_sharing_the_directory_is_told_there_only(priva
 # The kernel's main thread in a C call that keeps the GIL (a PyDLL call does), while a child it started
 # grows the container's memory past the warning until the OOM killer ends the child. Neither the kernel's
 # pipe (its relay thread waits for the GIL) nor the warning said into it may hold the box back.
-GROWS = "import time\nchunks = []\nwhile True:\n    chunks.append(b'x' * (2 << 20))\n    time.sleep(0.025)"
-GROWTH_PER_CHECK_MB = 2 * CHECK_EVERY_S / 0.025   # MiB between two of the box's reads near the limit
+GROWTH_STEP_MB, GROWTH_STEP_S = 2, 0.025   # the child's growth: this many MiB every this many seconds
+GROWS = ("import time\nchunks = []\nwhile True:\n"
+         f"    chunks.append(b'x' * ({GROWTH_STEP_MB} << 20))\n    time.sleep({GROWTH_STEP_S})")
+GROWTH_PER_CHECK_MB = GROWTH_STEP_MB * CHECK_EVERY_S / GROWTH_STEP_S   # between two of the box's reads near the limit
 GIL_HELD_S = 12
 GIL_HELD = ("%%resmon --label held --memory-guard off\n"
             "import ctypes, subprocess, sys\n"
