@@ -266,6 +266,35 @@ def test_a_planted_notebook_name_reaches_the_terminal_as_text(tmp_path):
     assert not (tmp_path / "kernel-evil.json").exists()
 
 
+FORKS = "import os, time\nchild = os.fork()\nif child == 0:\n    time.sleep(600)\n    os._exit(0)\nprint(child)"
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(b")") + 2:].split()[1])
+
+
+def test_a_killed_kernels_forked_child_is_no_kernel(tmp_path):
+    # A kernel SIGKILLed (as the OOM killer ends one) leaves the child it forked, with its command line,
+    # to init: no parent with a connection file, yet a kernel's copy, not a kernel.
+    dying = Kernel("dying.ipynb", tmp_path)
+    child = started = None
+    try:
+        said = []
+        dying.kc.execute_interactive(FORKS, timeout=120,
+                                     output_hook=lambda msg: said.append(msg["content"].get("text", "")))
+        child = int("".join(said))
+        started = pid_started(child)
+        os.kill(dying.pid, signal.SIGKILL)
+        wait_until(lambda: parent_of(child) != dying.pid, what="the forked child's new parent")
+        assert child not in [k.pid for k in find_kernels().kernels]
+    finally:
+        if child is not None and pid_started(child) == started:
+            os.kill(child, signal.SIGKILL)
+        dying.close()
+
+
 @pytest.mark.parametrize("argv, path", [
     (["python", "-m", "ipykernel_launcher", "-f", "/r/kernel-1a.json"], "/r/kernel-1a.json"),
     (["python", "-m", "ipykernel_launcher", "--f=/r/kernel-2.json"], "/r/kernel-2.json"),

@@ -5,7 +5,9 @@ kernel launched by jupyter_client has), whether or not nbmon is loaded in it.
 Only processes of this user (their /proc directory's owner) are looked at;
 a kernel's forked children (DataLoader workers keep its command line) and
 the kernels it starts (papermill in a notebook) are part of its tree, not
-kernels of their own. What a command line or an
+kernels of their own. A kernel jupyter_client started (JPY_PARENT_PID set)
+leads a session, or its parent does: one that does not is a child a dead
+kernel forked, no kernel either. What a command line or an
 environment says is text only: no file it names is opened, nothing in it runs.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .procfs import read_path
 
 ENVIRON_BYTES = 1 << 18      # a kernel's environment is read up to this much
 SESSION_VARIABLE = b"JPY_SESSION_NAME="   # the notebook's path, set by jupyter_server as it starts the kernel
+LAUNCHER_VARIABLE = b"JPY_PARENT_PID="    # set by jupyter_client as it starts a kernel
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The connection file's flag, as jupyter_client's kernel specs write it and as kernels accept it.
 _FLAGS = ("-f", "--f", "--connection-file", "--connection_file", "--KernelApp.connection_file")
@@ -65,15 +68,19 @@ def connection_file(argv: list[str]) -> str | None:
     return None
 
 
-def _session(pid: int) -> str:
+def _environment(pid: int) -> tuple[str, bool]:
+    """The process's JPY_SESSION_NAME ("" where unset or unreadable), and
+    whether jupyter_client started it or what it forked (JPY_PARENT_PID set)."""
     try:
         environ = read_path(f"/proc/{pid}/environ", ENVIRON_BYTES)
     except OSError:   # gone, or not readable (a process made undumpable): shown without it
-        return ""
+        return "", False
+    session, launched = "", False
     for entry in environ.split(b"\0"):
         if entry.startswith(SESSION_VARIABLE):
-            return entry[len(SESSION_VARIABLE):].decode("utf-8", "replace")
-    return ""
+            session = entry[len(SESSION_VARIABLE):].decode("utf-8", "replace")
+        launched = launched or entry.startswith(LAUNCHER_VARIABLE)
+    return session, launched
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +100,7 @@ def find_kernels(uid: int | None = None, members: frozenset[int] = frozenset()) 
     read again, for they are no kernels of their own."""
     uid = os.getuid() if uid is None else uid
     helpers = set()
-    files: dict[int, tuple[str, int, int]] = {}   # pid: (connection file, start time, parent)
+    files: dict[int, tuple[str, int, int, int]] = {}   # pid: (connection file, start time, parent, session leader)
     with os.scandir("/proc") as entries:
         for entry in entries:
             if not entry.name.isdigit():
@@ -113,10 +120,20 @@ def find_kernels(uid: int | None = None, members: frozenset[int] = frozenset()) 
                 if path is None:
                     continue
                 stat = read_path(f"/proc/{pid}/stat", 1024)
-                files[pid] = (path, started_in(stat), int(stat[stat.rindex(b")") + 2:].split()[1]))
+                fields = stat[stat.rindex(b")") + 2:].split()   # state, parent, process group, session, ...
+                files[pid] = (path, started_in(stat), int(fields[1]), int(fields[3]))
             except (OSError, ValueError, IndexError):   # gone meanwhile
                 continue
     # A forked child keeps its kernel's command line, and a kernel a kernel started (papermill in a
     # notebook) is in its tree: a kernel is a process with a connection file whose parent has none.
-    return Found([KernelProcess(pid, started, path, _session(pid), ppid)
-                  for pid, (path, started, ppid) in sorted(files.items()) if ppid not in files], frozenset(helpers))
+    kernels = []
+    for pid, (path, started, ppid, leader) in sorted(files.items()):
+        if ppid in files:
+            continue
+        session, launched = _environment(pid)
+        # Started by jupyter_client, a kernel leads its session, or its parent does (a kernel spec's
+        # wrapper script): else it is a child a dead kernel forked, left to init.
+        if launched and leader not in (pid, ppid):
+            continue
+        kernels.append(KernelProcess(pid, started, path, session, ppid))
+    return Found(kernels, frozenset(helpers))
