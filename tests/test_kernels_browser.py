@@ -50,6 +50,8 @@ def test_the_kernels_table_in_jupyterlab_light_and_dark_and_a_shutdown_through_t
         assert this.count() == 1 and NOTEBOOK in this.inner_text() and "this notebook" in this.inner_text()
         assert this.get_by_role("button", name="Shut down").count() == 0   # its own kernel: Jupyter's buttons
         assert re.search(r"\d+(\.\d+)? MiB", row.inner_text()), row.inner_text()
+        memory = live.locator("thead th").all_inner_texts().index("MEMORY")
+        assert row.locator("td").nth(memory).locator(".nbmon-share").count() == 1   # its share of the limit, a bar
         assert text_brightness(page, ".nbmon-kernels td") < 3 * 128   # dark text on the light page
         page.wait_for_timeout(500)
         live.screenshot(path=str(ARTIFACTS / "kernels-light.png"))

@@ -38,6 +38,7 @@ SEEN_LEASE_S = 15.0    # reads go on this long after the page last said it shows
 RECORD_EVERY_S = 30.0
 THREAD_NAME = "nbmon-kernels"
 HIDDEN_UNKNOWN = ("PEAK 1M", "LIMIT", "GPU MEM", "GPU")   # no column of dashes: no watched kernel, limit or GPU
+BAR_COLUMN = "MEMORY"   # its cells carry a bar of the row's ``share`` of the memory limit
 
 
 class KernelsWidget(anywidget.AnyWidget):
@@ -65,7 +66,8 @@ def _rows_state(table: KernelsTable) -> dict:
     unknown = fmt(NAN, "")
     shown = [k for k, (name, _, _) in enumerate(COLUMNS)
              if k > 0 and (name not in HIDDEN_UNKNOWN or any(cells[k] != unknown for _, cells in rows))]
-    return {"columns": [COLUMNS[k][0] for k in [0, *shown]], "numbers": [COLUMNS[k][2] for k in [0, *shown]],
+    columns = [COLUMNS[k][0] for k in [0, *shown]]
+    return {"columns": columns, "numbers": [COLUMNS[k][2] for k in [0, *shown]], "bar": columns.index(BAR_COLUMN),
             "rows": [{"cells": [cells[k] for k in shown], "name": _name(row),
                       "path": printable(one_line(row["notebook"])), "pid": row["pid"], "started": row["started"],
                       "this": bool(row["this"]), "busy": row["state"] == "busy",

@@ -95,11 +95,11 @@ class Table {
     header.appendChild(make(doc, "th"));
     table.appendChild(make(doc, "thead")).appendChild(header);
     const body = table.appendChild(make(doc, "tbody"));
-    for (const row of state.rows || []) body.appendChild(this.row(row, columns, numbers));
+    for (const row of state.rows || []) body.appendChild(this.row(row, numbers, state.bar));
     this.root.replaceChildren(head, table, make(doc, "div", "nbmon-total", state.total || ""), this.said);
   }
 
-  row(row, columns, numbers) {
+  row(row, numbers, barColumn) {
     const doc = this.root.ownerDocument;
     const tr = make(doc, "tr", row.this ? "nbmon-this" : "");
     tr.dataset.pid = String(row.pid);
@@ -108,7 +108,7 @@ class Table {
     if (row.this) name.appendChild(make(doc, "span", "nbmon-this-mark", "this notebook"));
     row.cells.forEach((text, k) => {
       const td = tr.appendChild(make(doc, "td", numbers[k + 1] ? "nbmon-number" : "", text));
-      if (columns[k + 1] === "MEMORY" && typeof row.share === "number") {
+      if (k + 1 === barColumn && typeof row.share === "number") {
         const bar = td.appendChild(make(doc, "span", "nbmon-share"));
         bar.title = "share of the memory limit";
         bar.appendChild(make(doc, "span")).style.width = `${Math.min(100, Math.max(0, row.share * 100)).toFixed(1)}%`;
