@@ -577,6 +577,19 @@ def test_auto_mode_records_every_cell_until_off(ip):
     assert host_info()["open_cells"] == 0 and not host_info()["running"]
 
 
+def test_a_cells_memory_guard_off_is_said_not_to_apply_under_auto_modes_monitor(ip):
+    # The cell joins auto mode's running monitor, whose guard stays on: said, the quiet cell's too.
+    with capture_output() as cap:
+        ip.run_line_magic("resmon", "auto on --threshold 0")
+        assert ip.run_cell("%%resmon --memory-guard off\nrm_g = 1").success
+        assert ip.run_cell("%%resmon --quiet --memory-guard off\nrm_g = 2").success
+        ip.run_line_magic("resmon", "auto off")
+        assert ip.run_cell("%%resmon --memory-guard off\nrm_g = 3").success   # its own monitor: it applies
+    said = [line for line in (cap.stdout + cap.stderr).splitlines() if "--memory-guard" in line]
+    assert said == ["nbmon: --memory-guard off does not apply: auto mode's monitor is already running with its "
+                    "memory guard (%resmon auto off first)"] * 2, said
+
+
 def test_auto_mode_keeps_no_row_for_a_cell_below_the_threshold(ip):
     with capture_output() as cap:
         ip.run_line_magic("resmon", "auto on --threshold 5")

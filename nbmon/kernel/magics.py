@@ -306,6 +306,7 @@ class ResmonMagics(Magics):
         streamed = [senders.SINKS[name].flag for name in outputs]
         if cell is not None:
             _cell_options_only(args, streamed)
+            self._say_guard_kept(args, options)
             try:
                 return self._run_cell(cell, options, where, args)
             except _ShownFailure:
@@ -430,6 +431,7 @@ class ResmonMagics(Magics):
             pass   # a run_cell inside the cell (%%capture's) is part of it
         elif stripped:
             args, options = quiet[1]
+            self._say_guard_kept(args, options)
             self._open_noted(info, number, None, options, args.label)
         elif self.auto_threshold_s is not None and not _is_resmon_cell(source):
             # Cells shorter than the threshold are neither shown nor kept in the history; the
@@ -437,6 +439,13 @@ class ResmonMagics(Magics):
             self._open_noted(info, number, self.auto_threshold_s)
         SESSION.sizes.cell_started(self.shell)
         return _is_resmon_cell(source) and not stripped
+
+    def _say_guard_kept(self, args, options: Options) -> None:
+        """A cell's ``--memory-guard off`` joins auto mode's running monitor, whose guard stays on."""
+        if self.auto_threshold_s is not None and hasattr(args, "memory_guard_percent") \
+                and options.memory_guard_percent is None:
+            print("nbmon: --memory-guard off does not apply: auto mode's monitor is already running with its "
+                  "memory guard (%resmon auto off first)")
 
     def _open_noted(self, info, number: int | None, line_after_s: float | None, options: Options | None = None,
                     label: str = "") -> None:
