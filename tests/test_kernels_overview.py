@@ -253,7 +253,10 @@ def test_a_planted_notebook_name_reaches_the_terminal_as_text(tmp_path):
     # are shown as characters, on one line, and nothing the command line names is opened.
     name = "evil\x1b[2J\x1b]0;pwned\x07\nsecond line.ipynb"
     planted = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-f",
-                                str(tmp_path / "kernel-evil.json")], env={**os.environ, "JPY_SESSION_NAME": name})
+                                str(tmp_path / "kernel-evil.json")],
+                               # a kernel by hand (no JPY_PARENT_PID): pytest run from a notebook has one
+                               env={**{k: v for k, v in os.environ.items() if k != "JPY_PARENT_PID"},
+                                    "JPY_SESSION_NAME": name})
     try:
         wait_until(lambda: any(k.pid == planted.pid for k in find_kernels().kernels), what="the planted kernel")
         done = subprocess.run([sys.executable, "-m", "nbmon.cli", "kernels"], capture_output=True, text=True,
