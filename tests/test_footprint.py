@@ -87,8 +87,8 @@ def pss_mb(pid: int) -> float:
 def test_the_live_chart_adds_little_to_the_helper():
     """The helper draws the live chart without plotly (34 MiB of its PSS
     before): what the chart adds to the helper, read from its smaps_rollup,
-    stays under CHART_MB (measured +2.6 MiB in a bare kernel, -0.5 beside
-    numpy and pandas; before: +33 MiB)."""
+    stays under ``chart_mb`` (measured +0.5 to +1.4 MiB, in a bare kernel
+    and beside numpy, pandas and matplotlib; before: +31.5 to +35.1 MiB)."""
     chart_mb = 10.0
     with RealKernel() as kernel:
         kernel.run("%load_ext nbmon")

@@ -37,7 +37,6 @@ page cache: a process killed at any moment leaves each part whole.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import math
 import os
@@ -217,6 +216,10 @@ def _crc(data: bytes) -> int:
 
 
 def notebook_hash(name: str) -> str:
+    # Imported here: only a path too long for the header needs it, and hashlib
+    # loads OpenSSL's libcrypto (1.4 MiB of the helper's PSS).
+    import hashlib
+
     return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
 
 
