@@ -282,26 +282,30 @@ def footprint(checkout: str | None) -> list[str]:
                 kernel.run(cell)
                 time.sleep(3.0)   # a chart's thread builds its widget; a helper starts
             values = [int(v) for v in kernel.run(PROBE)[0].split()]
-            helpers = sum(rss_kib(p) for p in children(kernel.pid)) / 1024
+            helpers = [sum(memory_kib(p, key) for p in children(kernel.pid)) / 1024
+                       for key in ("/status VmRSS:", "/smaps_rollup Pss:")]
+            helper_cells = f"{helpers[0]:.1f} | {helpers[1]:.1f}"
             if previous is None:
                 objects, rss, pss, threads, fds = values
                 rows.append(f"| {name} | {objects:,} | {rss / 1024:.1f} | {pss / 1024:.1f} | {threads} | {fds} | "
-                            f"{helpers:.1f} |")
+                            f"{helper_cells} |")
             else:
                 d = [a - b for a, b in zip(values, previous)]
                 rows.append(f"| {name} | {d[0]:+,} | {d[1] / 1024:+.1f} | {d[2] / 1024:+.1f} | {d[3]:+d} | {d[4]:+d} | "
-                            f"{helpers:.1f} |")
+                            f"{helper_cells} |")
             previous = values
     finally:
         kernel.close()
-    return ["| after | GC-tracked objects | RSS MiB | PSS MiB | threads | fds | helper processes' RSS MiB |",
-            "|---|---|---|---|---|---|---|", *rows]
+    return ["| after | GC-tracked objects | RSS MiB | PSS MiB | threads | fds | helper processes' RSS MiB | "
+            "helper processes' PSS MiB |", "|---|---|---|---|---|---|---|---|", *rows]
 
 
-def rss_kib(pid: int) -> int:
+def memory_kib(pid: int, where: str = "/status VmRSS:") -> int:
+    """A figure of /proc/PID's ``where`` ("/file Key:"), in KiB; 0 for a process gone."""
+    path, key = where.split()
     try:
-        with open(f"/proc/{pid}/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        with open(f"/proc/{pid}{path}") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(key))
     except (OSError, StopIteration):
         return 0
 
