@@ -24,6 +24,7 @@ import nbmon.dask
 from helpers import FrontEnd, wait_until
 from nbmon.dask.client import Watch
 from nbmon.dask import feeds as dask_feeds
+from nbmon.kernel.session import SESSION
 from nbmon.dask.wire import Encoder, pack, seal
 from nbmon.dask.worker import MAX_EVENTS_PER_S, MAX_PERIOD_S, host_period_s, roster_name
 from nbmon.engine import Monitor
@@ -204,7 +205,10 @@ def test_magics_summarise_the_cell_on_each_worker_and_stop_everywhere(ip, cluste
     with capture_output():
         ip.run_line_magic("resmon", "--dask rm_client")
     watch = nbmon.dask.watching()
-    assert watch is not None and len(ip.magics_manager.registry["ResmonMagics"].cluster_views) == 1
+    # The view is the session's helper's, drawn from the events the kernel passes on.
+    assert watch is not None and SESSION.host.info()["cluster_views"] == 1
+    wait_until(lambda: SESSION.host.info()["cluster_workers"] == [a, b], timeout=10,
+               what="both workers' batches in the helper's copy")
     code = ("rm_done = rm_client.submit(__import__('test_dask_cluster').burn, 1.0, workers=[rm_workers[0]],"
             " pure=False).result()\n"
             "rm_big = rm_client.submit(__import__('test_dask_cluster').allocate, 300, workers=[rm_workers[0]],"
@@ -237,7 +241,7 @@ def test_magics_summarise_the_cell_on_each_worker_and_stop_everywhere(ip, cluste
         ip.run_line_magic("resmon", "stop")
     assert nbmon.dask.watching() is None
     assert cluster.run(nbmon_thread_names) == {a: [], b: []}
-    assert ip.magics_manager.registry["ResmonMagics"].cluster_views == []
+    assert SESSION.host.info()["cluster_views"] == 0 and SESSION.host.info()["cluster_workers"] == []
 
 
 def test_bad_input_is_one_sentence_and_changes_nothing(ip, cluster):

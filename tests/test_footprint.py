@@ -78,6 +78,27 @@ def test_the_users_cyclic_garbage_is_collected_as_without_nbmon():
         assert kernel.value("(old(), new())") == (None, None)
 
 
+def test_watching_a_dask_cluster_imports_no_heavy_library_into_the_kernel():
+    """``%resmon --dask``: the watch runs on the notebook's client (here),
+    the cluster's live view in the helper (before, it was built in the
+    kernel: plotly, ipywidgets and anywidget imported there)."""
+    pytest.importorskip("distributed")
+    with RealKernel() as kernel:
+        kernel.run("from distributed import Client, LocalCluster\n"
+                   "cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, "
+                   "dashboard_address=None)\nclient = Client(cluster)")
+        try:
+            imported = kernel.run(IMPORTED)
+            kernel.run("%load_ext nbmon")
+            kernel.run("%resmon --dask client")
+            kernel.run("from nbmon.kernel.session import SESSION\nimport time\n"
+                       "while not SESSION.host.info()['cluster_workers']:\n    time.sleep(0.1)")
+            assert kernel.run(IMPORTED) == imported, f"--dask imported into the kernel: {kernel.run(IMPORTED)}"
+            kernel.run("%resmon stop")
+        finally:
+            kernel.run("client.close()\ncluster.close()")
+
+
 def pss_mb(pid: int) -> float:
     """A process's PSS (shared pages split among their sharers), as the kernel of the OS counts it."""
     with open(f"/proc/{pid}/smaps_rollup") as rollup:

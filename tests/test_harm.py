@@ -507,13 +507,15 @@ def test_events_from_another_client_change_nothing_and_stop_sane(ip, dask_client
     import nbmon.dask
     from nbmon.dask.wire import pack
 
+    from nbmon.kernel.session import SESSION
+
     ip.user_ns["harm_client"] = dask_client
     with capture_output():
-        ip.run_line_magic("resmon", "--dask harm_client")
+        ip.run_line_magic("resmon", "--dask harm_client --session kernel")   # its view in this process: read here
     watch = nbmon.dask.watching()
     try:
         assert watch.ready(20)
-        (view,) = ip.magics_manager.registry["ResmonMagics"].cluster_views
+        ((view, *_),) = SESSION.host.cluster_views
         seen = FrontEnd(view)
         real = watch.registered[0]
         columns = watch.collector.feeds[real].decoder.columns

@@ -61,7 +61,7 @@ def _distributed():
 
 
 def watch(client, options: Options | None = None, *, every_s: float = 1.0,
-          worker_max_bytes: int = 1 << 20, **settings):
+          worker_max_bytes: int = 1 << 20, mirror=None, **settings):
     """Watch every worker of ``client``'s cluster; returns the Watch
     (:class:`nbmon.views.cluster.ClusterView` of it: a live view). ``options`` / ``settings`` as for a Monitor
     (``interval``, ``gpu``, ``children``, ``system``: the machine, once per
@@ -69,7 +69,9 @@ def watch(client, options: Options | None = None, *, every_s: float = 1.0,
     1; a host sends its processes' together, that often, or less often on
     clusters of many hosts); ``worker_max_bytes`` bounds the notebook's
     store of each worker (beyond 128 workers they share 128 MiB:
-    :mod:`nbmon.dask.feeds`). Watching the cluster already watched returns its Watch."""
+    :mod:`nbmon.dask.feeds`). ``mirror``: told every event too
+    (:class:`nbmon.dask.client.Watch`; the session's helper draws the live
+    view from it). Watching the cluster already watched returns its Watch."""
     global _watch
     distributed = _distributed()
     from .client import Watch
@@ -90,7 +92,8 @@ def watch(client, options: Options | None = None, *, every_s: float = 1.0,
         if _watch.client is client:
             return _watch
         raise ValueError(f"already watching the cluster at {_watch.address}: unwatch() it first")
-    _watch = Watch(client, options, every_s=float(every_s), worker_max_bytes=worker_max_bytes).start()
+    _watch = Watch(client, options, every_s=float(every_s), worker_max_bytes=worker_max_bytes,
+                   mirror=mirror).start()
     return _watch
 
 

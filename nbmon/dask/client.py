@@ -37,11 +37,14 @@ class Watch:
     """Watching one cluster: see the module's doc. Made by :func:`nbmon.dask.watch`."""
 
     def __init__(self, client, options: Options, every_s: float = DEFAULT_EVERY_S,
-                 worker_max_bytes: int = DEFAULT_WORKER_MAX_BYTES):
+                 worker_max_bytes: int = DEFAULT_WORKER_MAX_BYTES, mirror=None):
         self.client, self.options, self.every_s = client, options, every_s
         self.topic = f"nbmon-{uuid.uuid4().hex[:16]}"
         self.key = secrets.token_bytes(32)   # only the watch's plugins get it: through the scheduler, never on the topic
         self.collector = Collector(self.key, worker_max_bytes)
+        # A second collector elsewhere (the session's helper, which draws the view): told
+        # begin(watch) before the plugins start, then event(message, arrival time) for every event.
+        self.mirror = mirror
         self.running = False
         self.registered: list[str] = []   # workers that had the plugin at start
 
@@ -51,10 +54,12 @@ class Watch:
 
     def start(self) -> "Watch":
         client = self.client
-        client.subscribe_topic(self.topic, self.collector.on_event)
+        client.subscribe_topic(self.topic, self._on_event)
         try:
             # The workers' stores are sized by how many there are: known before the first batch.
             self.collector.expected = len(self._call(client.nthreads))
+            if self.mirror is not None:
+                self.mirror.begin(self)
             roster = Roster(self.topic, client.id, self.key)
             self._call(lambda: client.register_plugin(roster, name=roster.name))
             answers = self._call(lambda: client.register_plugin(
@@ -66,6 +71,17 @@ class Watch:
         self.registered = list(answers)
         self.running = True
         return self
+
+    def _on_event(self, event) -> None:
+        """Dask's topic handler (on the client's event loop): the event to the
+        collector, and to the mirror, whose failure is counted, never raised."""
+        self.collector.on_event(event)
+        if self.mirror is not None:
+            try:
+                self.mirror.event(event[1], time.time())
+            except Exception as err:   # nothing of ours reaches Dask's event loop
+                self.collector.errors += 1
+                self.collector.last_error = f"the mirror: {type(err).__name__}: {err}"
 
     def _call(self, call, timeout: float = CALL_TIMEOUT_S):
         """``call()`` on the client's event loop (where Client methods return

@@ -32,6 +32,8 @@ No Dask here: the worker plugin, the collector and the benchmark share it.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 
@@ -103,6 +105,24 @@ def opened(key: bytes, msg):
     if not hmac.compare_digest(_mac(key, data), mac):
         raise ValueError("not sealed with the watch's key (someone else's event on the topic)")
     return unpack(data)
+
+
+def as_text(msg) -> dict | None:
+    """An envelope in JSON's types (its bytes in base64), to pass on to the
+    session's helper; None for what is no envelope of this version."""
+    if not isinstance(msg, dict) or msg.get("v") != VERSION or not isinstance(msg.get("b"), bytes) \
+            or not isinstance(msg.get("k"), bytes):
+        return None
+    return {"v": VERSION, "b": base64.b64encode(msg["b"]).decode(), "k": base64.b64encode(msg["k"]).decode()}
+
+
+def from_text(text: dict) -> dict:
+    """The envelope :func:`as_text` passed on; ValueError for anything else."""
+    try:
+        return {"v": text["v"], "b": base64.b64decode(text["b"], validate=True),
+                "k": base64.b64decode(text["k"], validate=True)}
+    except (TypeError, KeyError, binascii.Error) as err:
+        raise ValueError(f"not an envelope passed on ({type(err).__name__})") from None
 
 
 # -- batches -------------------------------------------------------------------------

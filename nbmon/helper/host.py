@@ -85,6 +85,17 @@ class _OpenCell:
         self.closed = False
 
 
+@dataclasses.dataclass
+class ClusterCopy:
+    """The helper's copy of a kernel's Dask watch (:class:`nbmon.dask.client.Watch`),
+    all its live view reads: the workers' stores, fed with the events the
+    kernel passes on, how often they batch, and whether the watch runs."""
+
+    collector: object
+    every_s: float
+    running: bool = True
+
+
 class SessionHost(HostCalls, HostNotes):
     """The session of one kernel (``pid``). ``outlet`` carries what the host
     sends on its own (display updates, warnings); ``kernel``: the outputs
@@ -104,6 +115,8 @@ class SessionHost(HostCalls, HostNotes):
         self.bands: list[dict] = []   # cell executions while a dashboard shows
         self.views: list[tuple] = []   # (Dashboard, table display id, picture display id)
         self.kernels_views: list = []   # nbmon.views.kernels.KernelsView, live
+        self.cluster: ClusterCopy | None = None   # the watched Dask cluster's events, as the kernel passes them on
+        self.cluster_views: list[tuple] = []   # (ClusterView, table display id, picture display id)
         self._cells: dict[int, _OpenCell] = {}
         self._tokens = 0
         self._owner = ""   # what started the monitor: "auto" stops it with auto mode
@@ -170,6 +183,10 @@ class SessionHost(HostCalls, HostNotes):
         monitor = self.monitor
         out = {"running": False, "views": len(self.views), "open_cells": len(self._cells),
                "charts": sum(view.widget is not None for view, *_ in self.views),   # views whose chart is built
+               "cluster_views": len(self.cluster_views),
+               # the workers whose batches the cluster's copy holds
+               "cluster_workers": sorted(f.address for f in self.cluster.collector.workers()
+                                         if f.store is not None and len(f.store)) if self.cluster else [],
                "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("nbmon-"))}
         if monitor is not None:
             out.update(running=monitor.running, interval=monitor.interval, pid=monitor.pid, peaks=monitor.peaks,
@@ -485,6 +502,62 @@ class SessionHost(HostCalls, HostNotes):
             self._unstarted = False
             self._run(self.monitor)
         self.views[-1][0].start()
+
+    # -- a watched Dask cluster (nbmon.dask: the watch is the kernel's, its live view is drawn here) --
+    def cluster_begin(self, key: str, t0: float, expected: int, max_bytes: int, every_s: float) -> None:
+        """A watch starts: its events follow (:meth:`cluster_event`), sealed with ``key`` (hex)."""
+        from ..dask.feeds import Collector
+
+        collector = Collector(bytes.fromhex(key), max_bytes, t0)
+        collector.expected = expected
+        self.cluster = ClusterCopy(collector, every_s)
+
+    def cluster_event(self, envelope: dict, arrived: float) -> None:
+        """An event of the watch's topic, as the kernel received it (:func:`nbmon.dask.wire.as_text`)."""
+        from ..dask.wire import from_text
+
+        if self.cluster is not None:
+            try:
+                self.cluster.collector.handle(from_text(envelope), arrived)
+            except ValueError as why:
+                self.cluster.collector.unread += 1
+                self.cluster.collector.reason = str(why)
+
+    def cluster_view(self, window_s: float) -> dict:
+        """The watched cluster's live view: its record's outputs to display
+        now, with the display ids its updates use; :meth:`cluster_view_start`
+        then starts it."""
+        from ..views.cluster import ClusterView
+
+        if self.cluster is None:
+            raise RuntimeError("no Dask cluster is watched")
+        view = ClusterView(self.cluster, window_s=window_s, start=False)
+        ids = [uuid.uuid4().hex for _ in range(2)]
+        if self.kernel:
+            view.handle, view.picture_handle = _Handle(self.outlet, ids[0]), _Handle(self.outlet, ids[1])
+        self.cluster_views.append((view, *ids))
+        return {"ids": ids, "table": bundle(view), "picture": bundle(view.picture())}
+
+    def cluster_view_start(self) -> None:
+        if self.kernel:
+            from ..views.live import push_bundle
+
+            push_bundle()   # plotly's bundle to the page now: it imports it while the chart is built
+        self.cluster_views[-1][0].start()
+
+    def cluster_end(self) -> dict:
+        """The watch stopped (its last batches passed on): each cluster view's
+        final outputs (its static record, by display id)."""
+        if self.cluster is not None:
+            self.cluster.running = False
+        finals = []
+        for view, table_id, picture_id in self.cluster_views:
+            final = view.close()
+            finals.append({"ids": [table_id, picture_id], "table": bundle(final.table()),
+                           "picture": bundle(final.picture())})
+        self.cluster_views.clear()
+        self.cluster = None
+        return {"views": finals}
 
     def kernels_view(self) -> dict:
         """Every Jupyter kernel of this user (``%resmon kernels``): the

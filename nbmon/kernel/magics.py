@@ -176,6 +176,23 @@ def source_digest(source: str) -> str:
     return hashlib.blake2b(source.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
+class _ClusterMirror:
+    """A Dask watch's events passed on to the session's host, which draws its
+    live view (:meth:`nbmon.helper.host.SessionHost.cluster_begin`)."""
+
+    def begin(self, watch) -> None:
+        collector = watch.collector
+        SESSION.host.cluster_begin(watch.key.hex(), collector.t0, collector.expected, collector.max_bytes,
+                                   watch.every_s)
+
+    def event(self, msg, arrived: float) -> None:
+        from ..dask.wire import as_text
+
+        envelope = as_text(msg)
+        if envelope is not None:   # what is no envelope the kernel's collector refuses, and counts
+            SESSION.notify("cluster_event", envelope, arrived)
+
+
 def _show(bundle: dict, display_id: str | bool | None = None):
     """Display a host's mimebundle (with ``display_id``: one a later update replaces)."""
     return display(bundle["data"], raw=True, metadata=bundle["metadata"], display_id=display_id)
@@ -266,7 +283,6 @@ def _is_resmon_cell(source: str) -> bool:
 class ResmonMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
-        self.cluster_views: list = []   # nbmon.views.cluster.ClusterView, displayed
         self.auto_threshold_s: float | None = None
         self._noted: _NotedCell | None = None   # the cell the hooks watch now
         self._quiet_line: tuple | None = None   # (its first line, parsed) as transformed, for pre_run_cell
@@ -350,7 +366,7 @@ class ResmonMagics(Magics):
             raise UsageError(f"--window ({window:g} s) must be at least --interval ({options.interval:g} s)")
         if args.dask:
             _only([senders.SINKS[name].flag for name in outputs], "the kernel's monitor, not to --dask")
-            return self._watch_cluster(args.dask, options, window)
+            return self._watch_cluster(args.dask, options, window, where)
         try:
             senders.check_outputs(outputs, args.force, senders.FORCE_HINT)   # refused before anything starts
         except ValueError as err:
@@ -522,36 +538,38 @@ class ResmonMagics(Magics):
         SESSION.notify("cell_finished", prompt_number(self.shell, result), variables)
 
     # -- a Dask cluster (nbmon.dask) -------------------------------------
-    def _watch_cluster(self, name: str, options: Options, window: float) -> None:
+    def _watch_cluster(self, name: str, options: Options, window: float, where: str | None) -> None:
+        """Watch a Dask cluster through the notebook's client (here); its live view is the session's host's."""
         from .. import dask as nbmon_dask
 
         try:
-            watch = nbmon_dask.watch(nbmon_dask.client_named(self.shell.user_ns, name), options)
+            host = SESSION.host_for(where)
+            watch = nbmon_dask.watch(nbmon_dask.client_named(self.shell.user_ns, name), options,
+                                     mirror=_ClusterMirror())
         except (ValueError, RuntimeError, ImportError) as err:
             raise UsageError(str(err)) from None
-        from ..views.cluster import ClusterView
-
         watch.ready()
-        view = ClusterView(watch, window_s=window, start=False)
-        view.handle = display(view, display_id=True)
-        view.picture_handle = display(view.picture(), display_id=True)   # the timeline: an output of its own
-        if getattr(self.shell, "kernel", None) is not None:
-            from ..views.live import push_bundle
-
-            push_bundle()   # plotly's bundle to the page now: it imports it while the chart is built
-        self.cluster_views.append(view)
-        view.start()
+        try:
+            view = host.cluster_view(window)
+            for key, display_id in zip(("table", "picture"), view["ids"]):
+                _show(view[key], display_id)
+            host.cluster_view_start()
+        except Exception as err:  # noqa: BLE001 - HostError: the watch runs on, without its view
+            _said(err)
 
     def _unwatch_cluster(self) -> None:
         nbmon_dask = sys.modules.get("nbmon.dask")
         if nbmon_dask is None:
             return
         left = nbmon_dask.unwatch()
-        for view in self.cluster_views:
-            final = view.close()
-            view.handle.update(final.table())
-            view.picture_handle.update(final.picture())
-        self.cluster_views.clear()
+        try:
+            got = SESSION.host.cluster_end() if SESSION.host is not None else {"views": []}
+        except Exception as err:  # noqa: BLE001
+            _said(err)
+        else:
+            for view in got["views"]:
+                for bundle, display_id in zip((view["table"], view["picture"]), view["ids"]):
+                    update_display(bundle["data"], raw=True, metadata=bundle["metadata"], display_id=display_id)
         for worker, threads in left.items():
             print(printable(f"nbmon: still running on worker {worker}: {', '.join(threads)}"))
 
