@@ -216,6 +216,19 @@ def test_library_missing(fake_gpu, monkeypatch):
     assert nvml.init() is False and nvml._device_count == 0
 
 
+def test_a_machine_without_nvml_never_imports_pynvml():
+    """No NVML library: no pynvml in the process (1.9 MiB of the helper's PSS), the reason said all the same."""
+    if not no_real_nvml():
+        pytest.skip("a real libnvidia-ml.so.1 is installed here")
+    code = ("import sys\nfrom nbmon.sources.gpus import nvml\nfrom nbmon.engine import Monitor\n"
+            "m = Monitor(interval=0.05).start()\nm.stop()\n"
+            "print(nvml.init(), nvml.status(), 'pynvml' in sys.modules, sep='|')")
+    env = {k: v for k, v in os.environ.items() if k != "NBMON_NVML_LIBRARY"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False|NVML library not found (no NVIDIA driver installed)|False"
+
+
 def test_library_path_that_does_not_exist(fake_gpu, monkeypatch, tmp_path):
     missing = str(tmp_path / "libnope-nvml.so")
     monkeypatch.setenv("NBMON_NVML_LIBRARY", missing)

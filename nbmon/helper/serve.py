@@ -6,11 +6,12 @@ Its main thread answers the kernel's calls one at a time, in order, and
 hands the page's comm messages to the widgets; the host's own threads (the
 sampler, the consumers, a live view's refresher, a meter's feed) send their
 frames through the same locked pipe. Widgets are the usual ones
-(ipywidgets, anywidget, plotly): ``comm.create_comm`` makes a
+(ipywidgets, anywidget): ``comm.create_comm`` makes a
 :class:`PipeComm`, whose traffic the kernel relays to the page.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import queue
@@ -23,7 +24,17 @@ from ..launch import StartError, write_all
 from .protocol import CALLS, NOTES, Reader, check, pack
 
 PARENT_CHECK_S = 1.0
-WARMED = ("psutil", "pynvml", "nbmon.views.meter")   # imported in the background as the helper starts
+
+
+def _import_pynvml() -> None:
+    from ..sources.gpus import nvml
+
+    nvml.library()   # pynvml, where the machine has NVML's library
+
+
+# What the helper imports in the background as it starts.
+WARMED = (functools.partial(importlib.import_module, "psutil"), _import_pynvml,
+          functools.partial(importlib.import_module, "nbmon.views.meter"))
 
 
 class Pipe:
@@ -189,9 +200,9 @@ def _warm() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):
         pass
-    for module in WARMED:
+    for warm in WARMED:
         try:
-            importlib.import_module(module)
+            warm()
         except Exception:  # noqa: BLE001 - its own import, where used, will say why
             pass
 

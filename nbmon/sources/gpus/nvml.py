@@ -28,6 +28,7 @@ _init_pid: int | None = None
 _state = "not initialised"
 _device_count = 0
 _nvml_up = False  # nvmlInit succeeded in this process and is not shut down yet
+LIBRARY = "libnvidia-ml.so.1"   # where pynvml looks for NVML on Linux
 
 
 def _reset_after_fork() -> None:
@@ -51,11 +52,20 @@ def _reason(pynvml, err) -> str:
     }.get(code, f"NVML error: {err}")
 
 
-def _load_library(pynvml, path: str) -> None:
+def library():
+    """pynvml with the NVML library loaded as pynvml loads it on Linux, or
+    from ``NBMON_NVML_LIBRARY``: the library first, so that a machine without
+    one never imports pynvml (1.9 MiB). OSError without the library,
+    ImportError without pynvml."""
     import ctypes
 
-    pynvml.nvmlLib = ctypes.CDLL(path)
-    pynvml._nvmlGetFunctionPointer_cache.clear()
+    lib = ctypes.CDLL(os.environ.get("NBMON_NVML_LIBRARY") or LIBRARY)
+    import pynvml
+
+    if pynvml.nvmlLib is not lib:
+        pynvml.nvmlLib = lib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+    return pynvml
 
 
 def init() -> bool:
@@ -67,20 +77,18 @@ def init() -> bool:
         _init_pid = os.getpid()
         _device_count = 0
         try:
-            import pynvml
+            pynvml = library()
+        except OSError as err:
+            _state = f"cannot load the NVML library: {err}" if os.environ.get("NBMON_NVML_LIBRARY") \
+                else "NVML library not found (no NVIDIA driver installed)"
+            return False
         except ImportError:
             _state = "pynvml is not installed (pip install nvidia-ml-py)"
             return False
         try:
-            library = os.environ.get("NBMON_NVML_LIBRARY")
-            if library:
-                _load_library(pynvml, library)
             pynvml.nvmlInit()
             _nvml_up = True  # shutdown() must balance it even if no device is usable
             _device_count = pynvml.nvmlDeviceGetCount()
-        except OSError as err:
-            _state = f"cannot load the NVML library: {err}"
-            return False
         except pynvml.NVMLError as err:
             _state = _reason(pynvml, err)
             return False
