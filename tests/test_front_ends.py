@@ -6,6 +6,7 @@ output of its own there, empty again once it stops."""
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 from jupyter_client.manager import start_new_kernel
@@ -13,6 +14,8 @@ from jupyter_client.manager import start_new_kernel
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 COLAB = 'import sys, types\nsys.modules["google.colab"] = types.ModuleType("google.colab")'
 WAIT_S = 3.0   # the helper builds the chart and sends a few frames
+ASKS_PER_MODEL = 5
+ANSWERS_WITHIN_S = 60.0
 
 
 class Kernel:
@@ -81,3 +84,36 @@ def test_under_colab_the_chart_is_a_widget_view_output_until_it_stops(colab):
     # The record's table and picture are there beside it, and stay after the stop; the chart's output empties.
     assert any("nbmon-live-record" in d.get("text/html", "") for data in final.values() for d in data)
     assert final[chart][-1] == {"text/plain": ""}, final[chart]
+
+
+def test_each_state_the_page_asks_for_answers_its_own_request():
+    """A page that joins after the cells ran (Voila) asks every model's state
+    at once and waits for each answer by its request's id. The helper's
+    widgets answer through the kernel: each answer's parent is the request
+    it answers, not whichever message the kernel's shell handled last (with
+    that, one model waited for good and Voila showed no chart)."""
+    kernel = Kernel()
+    try:
+        kernel.run("%load_ext nbmon")
+        kernel.run("%resmon")
+        kernel.run(f"import time; time.sleep({WAIT_S})")
+        closed = {m["content"]["comm_id"] for m in kernel.messages if m["msg_type"] == "comm_close"}
+        models = [m["content"]["comm_id"] for m in kernel.messages if m["msg_type"] == "comm_open"
+                  and m["content"].get("target_name") == "jupyter.widget" and m["content"]["comm_id"] not in closed]
+        asked = {}
+        for _ in range(ASKS_PER_MODEL):   # all sent before the first answer can come (Voila asks each once)
+            for comm_id in models:
+                msg = kernel.kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {"method": "request_state"}})
+                kernel.kc.shell_channel.send(msg)
+                asked[msg["header"]["msg_id"]] = comm_id
+        answers, deadline = [], time.monotonic() + ANSWERS_WITHIN_S
+        while len(answers) < len(asked) and time.monotonic() < deadline:
+            msg = kernel.kc.get_iopub_msg(timeout=60)
+            if msg["msg_type"] == "comm_msg" and msg["content"]["data"].get("method") == "update" \
+                    and "state" in msg["content"]["data"] and msg["content"]["comm_id"] in models:
+                answers.append((msg["parent_header"].get("msg_id"), msg["content"]["comm_id"]))
+        kernel.run("%resmon stop")
+    finally:
+        kernel.close()
+    assert models, "no widget model"
+    assert sorted(answers) == sorted(asked.items())

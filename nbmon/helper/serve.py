@@ -112,11 +112,20 @@ class Outlet:
         self.pipe.send(b"D", {"display_id": display_id, "bundle": bundle})
 
 
+# The header of the page's message the main thread is handing to a widget:
+# what the widget sends meanwhile answers it (see PipeComm).
+_answering = threading.local()
+
+
 def pipe_comm_class(pipe: Pipe):
     from comm.base_comm import BaseComm
 
     class PipeComm(BaseComm):
-        """A widget's comm whose far end is the kernel's relay."""
+        """A widget's comm whose far end is the kernel's relay. What it
+        sends while handling one of the page's messages carries that
+        message's header: the kernel sends it as the answer to that message
+        (a page waits for its request_state's own answer), not to the one its
+        shell handled last."""
 
         _kinds = {"comm_open": b"O", "comm_msg": b"M", "comm_close": b"C"}
 
@@ -124,6 +133,9 @@ def pipe_comm_class(pipe: Pipe):
             head = {"comm_id": self.comm_id, "data": data, "metadata": metadata}
             if msg_type == "comm_open":
                 head["target_name"] = keys.get("target_name") or self.target_name
+            answered = getattr(_answering, "header", None)
+            if answered is not None:
+                head["parent"] = answered
             pipe.send(self._kinds[msg_type], head, buffers or ())
 
     return PipeComm
@@ -239,6 +251,7 @@ def _from_page(kind: bytes, head, buffers) -> None:
     if target is None:
         return
     msg = {"content": {"comm_id": head["comm_id"], "data": head.get("data")}, "buffers": buffers}
+    _answering.header = head.get("parent")
     try:
         if kind == b"m":
             target.handle_msg(msg)
@@ -246,3 +259,5 @@ def _from_page(kind: bytes, head, buffers) -> None:
             target.handle_close(msg)
     except Exception:  # noqa: BLE001 - a widget's handler must not end the host
         pass
+    finally:
+        _answering.header = None

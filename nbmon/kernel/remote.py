@@ -211,7 +211,9 @@ class RemoteHost(HostCalls):
             self._open_comm(head, buffers)
         elif kind == b"M":
             comm = self._comms.get(head["comm_id"])
-            if comm is not None:
+            if comm is not None and head.get("parent"):
+                _answer_page(comm, head, buffers)
+            elif comm is not None:
                 comm.send(head.get("data"), head.get("metadata"), buffers)
         elif kind == b"C":
             comm = self._comms.pop(head["comm_id"], None)
@@ -238,7 +240,8 @@ class RemoteHost(HostCalls):
         self._comms[ident] = kernel_comm
 
         def forward(msg) -> None:
-            self._send(b"m", {"comm_id": ident, "data": msg["content"].get("data")}, msg.get("buffers") or ())
+            self._send(b"m", {"comm_id": ident, "data": msg["content"].get("data"), "parent": _plain(msg["header"])},
+                       msg.get("buffers") or ())
 
         def closed(msg) -> None:
             self._comms.pop(ident, None)
@@ -270,6 +273,27 @@ class RemoteHost(HostCalls):
                 pipe.close()
             except OSError:
                 pass
+
+
+def _plain(header: dict) -> dict:
+    """A message's header as plain data (its date is parsed)."""
+    return {key: value.isoformat() if hasattr(value, "isoformat") else value for key, value in header.items()}
+
+
+def _answer_page(kernel_comm, head, buffers) -> None:
+    """The helper's widget answering one of the page's messages (``head``'s
+    parent: its header): sent as ipykernel's comm sends, with that message
+    as its parent, not the one the kernel's shell handled last. Voila's page
+    asks every model's state at once and waits for each its own answer: with
+    the shell's parent, a model waited for good, and no widget showed."""
+    from ipykernel.jsonutil import json_clean
+    from ipykernel.kernelbase import Kernel
+
+    kernel = kernel_comm.kernel or Kernel.instance()
+    kernel.session.send(kernel.iopub_socket, "comm_msg",
+                        json_clean({"data": head.get("data") or {}, "comm_id": kernel_comm.comm_id}),
+                        metadata=json_clean(head.get("metadata") or {}), parent={"header": head["parent"]},
+                        ident=kernel_comm.topic, buffers=buffers)
 
 
 @atexit.register
