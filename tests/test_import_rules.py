@@ -203,7 +203,7 @@ def own_module(target: str) -> str | None:
 
 # library -> the modules (or packages) that may import it
 OWNERS = {"IPython": ("kernel.magics",),
-          "plotly": ("views.live", "views.pages", "views.dashboard", "views.cluster"),
+          "plotly": ("views.live", "views.pages", "views.cluster"),
           "pynvml": ("sources.gpus.nvml",), "distributed": ("dask",)}
 
 

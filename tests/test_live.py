@@ -608,3 +608,67 @@ def test_the_memory_warning_is_a_line_at_its_threshold_and_a_note_while_it_holds
         layout = d.widget._nbmon["layout"]
         assert layout["annotations"] == []
         assert [s["y0"] for s in layout["shapes"]] == [pytest.approx(limit * 99.9 / 100)]
+
+
+# -- the helper's widget: no plotly --------------------------------------------
+
+
+def _wire_free(value):
+    """A widget state's value with its arrays ({buffer, dtype, shape}) as lists (NaN as None: comparable)."""
+    if isinstance(value, dict) and "buffer" in value and "dtype" in value:
+        return [None if v != v else v for v in np.frombuffer(value["buffer"], dtype=value["dtype"]).tolist()]
+    if isinstance(value, dict):
+        return {k: _wire_free(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_wire_free(v) for v in value]
+    return value
+
+
+def test_the_plain_widget_sends_what_plotlys_figurewidget_sends_for_the_same_chart(stopped, dashboards):
+    """The helper's chart is a plain widget (no plotly in its process): its
+    state is what plotly's own FigureWidget sends the same front end, as
+    plotly serialises it, save the trace ids plotly adds."""
+    append(stopped.store, 50)
+    plain, figure = Dashboard(stopped, start=False, plotly=False), Dashboard(stopped, start=False)
+    dashboards += [plain, figure]
+    assert type(plain.widget).__name__ == "ChartWidget" and type(figure.widget).__name__ == "FigureWidget"
+    states = []
+    for d in (plain, figure):
+        state = d.widget.get_state()
+        states.append({k: _wire_free(state[k]) for k in ("_widget_data", "_widget_layout", "_config")})
+    for trace in states[1]["_widget_data"]:
+        trace.pop("uid")
+    states[1]["_config"].pop("plotlyServerURL", None)   # plotly 6.3's link to its Chart Studio, shown nowhere here
+    assert states[0] == states[1]
+    assert len(states[0]["_widget_data"][0]["x"]) > 50   # the window's points travel in the first state
+
+
+def test_the_grid_is_plotlys_make_subplots():
+    from plotly.subplots import make_subplots
+
+    from nbmon.views import live
+
+    for heights in ([1], [100, 150], [120, 80, 90, 60], [3, 1, 4, 1, 5, 9]):
+        theirs = make_subplots(rows=len(heights), cols=1, shared_xaxes=True, vertical_spacing=0.05,
+                               row_heights=heights, specs=[[{"secondary_y": True}]] * len(heights))
+        layout = theirs.to_plotly_json()["layout"]
+        layout.pop("template", None)
+        ours = live.stacked_rows(heights, 0.05)
+        assert ours.keys() == layout.keys()
+        for key, axis in layout.items():
+            assert ours[key] == {**axis, **({"domain": pytest.approx(axis["domain"], abs=1e-9)}
+                                            if "domain" in axis else {})}, key
+
+
+def test_a_plain_widget_chart_imports_no_plotly():
+    import subprocess
+    import sys
+
+    code = ("import sys, time\nfrom nbmon.engine import Monitor\nfrom nbmon.views.dashboard import Dashboard\n"
+            "m = Monitor(interval=0.02, gpu=False).start()\ntime.sleep(0.3)\n"
+            "d = Dashboard(m, start=False, plotly=False)\nd.refresh(force=True)\nm.stop()\n"
+            "assert type(d.widget).__name__ == 'ChartWidget' and d.refreshes == 1\n"
+            "print(sorted(n for n in sys.modules if n.split('.')[0] in ('plotly', '_plotly_utils', 'narwhals', 'PIL')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

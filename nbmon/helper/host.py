@@ -23,6 +23,7 @@ open dashboard costs next to nothing while nothing runs.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 import uuid
@@ -479,7 +480,9 @@ class SessionHost(HostCalls, HostNotes):
 
         monitor, self._unstarted = self._monitor(options, "view")
         sizing = monitor.options.variables   # once view_start() has started it
-        view = Dashboard(monitor, window_s=window_s, cells=self.bands, build=False, start=False)
+        # plotly's FigureWidget only where the user's code can reach it: in the kernel, not in a helper.
+        view = Dashboard(monitor, window_s=window_s, cells=self.bands, build=False, start=False,
+                         plotly=self.pid == os.getpid())
         ids = [uuid.uuid4().hex for _ in range(3 if own_output else 2)]
         if self.kernel:
             view.handle, view.picture_handle = _Handle(self.outlet, ids[0]), _Handle(self.outlet, ids[1])

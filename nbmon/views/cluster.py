@@ -209,7 +209,7 @@ class ClusterView(LiveView):
                                  title_font={"size": 11}, row=r, col=c, secondary_y=False)
         fig.update_xaxes(matches="x", hoverformat=".1f")
         fig.update_xaxes(title_text="seconds since the watch started", row=2)
-        fig.update_layout(height=HEIGHT_PX, template=live.template(), hovermode="closest", uirevision="nbmon",
+        fig.update_layout(height=HEIGHT_PX, template=live.TEMPLATE, hovermode="closest", uirevision="nbmon",
                           margin={"l": 60, "r": 60, "t": 80, "b": BOTTOM_PX}, legend=self._legend(),
                           title={"text": "waiting for the workers…", "x": 0.01, "font": {"size": 14}})
         self._axes = [live.subplot_refs(fig, 1, c) for c in range(1, n + 1)]

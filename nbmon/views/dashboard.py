@@ -39,6 +39,7 @@ __all__ = ["Dashboard", "THREAD_NAME", "keep_cells", "record", "record_html", "w
 THREAD_NAME = "nbmon-live"
 MAX_CELLS = 2000           # cell bands held: those the window can show, at most this many
 MARGIN_PX = 110            # title, legend and x axis around the rows
+ROW_SPACING = 0.05         # between the rows, a share of the plot's height
 WARNING_LINE, WARNING_NOTE = "nbmon-warning-line", "nbmon-warning"   # the front end finds them by name
 _EMPTY = np.empty(0, dtype=np.float32)
 
@@ -56,51 +57,52 @@ def _columns_of(monitor) -> list[str]:
     return [c for c in store.columns if c not in container or not math.isnan(known.get(c, math.nan))]
 
 
-def _figure(columns, x_title: str):
-    """Empty subplots (shared x) from charts.ROWS: per row the kernel's own
-    traces on a left axis drawn on top, machine-wide ones as light bands on a
-    right axis beneath, and in the first row an invisible bar trace
+def _figure(columns, x_title: str) -> dict:
+    """Empty subplots (shared x) from charts.ROWS, as a plotly figure's dict
+    (made without plotly: :func:`live.stacked_rows`): per row the kernel's
+    own traces on a left axis drawn on top, machine-wide ones as light bands
+    on a right axis beneath, and in the first row an invisible bar trace
     ("cells") that gives the cell bands their hover text."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     rows, traces = traces_for(columns)
-    n = max(1, len(rows))
-    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.05,
-                        row_heights=[row.px for row in rows] or None,
-                        specs=[[{"secondary_y": True}] for _ in range(n)])
+    layout = live.stacked_rows([row.px for row in rows] or [1], ROW_SPACING)
+    data = []
     for trace in traces:
         style = trace.style
-        fig.add_trace(go.Scatter(
-            x=_EMPTY, y=_EMPTY, name=trace.label, mode="lines", meta=trace.column, connectgaps=True,
-            line={"width": style.width, "color": trace.color, "dash": style.dash},
-            fill="tozeroy" if style.fill else None, fillcolor=style.fill,
-            hovertemplate="%{text}", text=[]),
-            row=trace.row, col=1, secondary_y=not style.machine)
+        x, (machine_y, kernel_y) = live.axis_refs(trace.row)
+        line = {"width": style.width, "color": trace.color, **({"dash": style.dash} if style.dash else {})}
+        data.append({"type": "scatter", "x": _EMPTY, "y": _EMPTY, "name": trace.label, "mode": "lines",
+                     "meta": trace.column, "connectgaps": True, "line": line,
+                     **({"fill": "tozeroy", "fillcolor": style.fill} if style.fill else {}),
+                     "hovertemplate": "%{text}", "text": [], "xaxis": x,
+                     "yaxis": machine_y if style.machine else kernel_y})
     for number, row in enumerate(rows, start=1):
+        x, (machine_y, kernel_y) = live.axis_refs(number)
         machine = any(t.row == number and t.style.machine for t in traces)
         # Each axis its own ticks (plotly would align an overlaying axis's to the other's).
-        fig.update_yaxes(title_text=row.title, rangemode="tozero", side="left", showgrid=True,
-                         tickmode="auto", row=number, col=1, secondary_y=True)
-        fig.update_yaxes(title_text=row.machine if machine else None, side="right", showgrid=False,
-                         tickmode="auto", rangemode="tozero", visible=machine, row=number, col=1,
-                         secondary_y=False,
-                         **({"range": list(row.machine_range)} if machine and row.machine_range else {}))
-    fig.update_xaxes(title_text=x_title, row=n, col=1)
-    fig.update_xaxes(hoverformat=".1f")   # the hover's header: seconds, not 9.301387
+        layout[live.layout_key(kernel_y)].update(title={"text": row.title}, rangemode="tozero", side="left",
+                                              showgrid=True, tickmode="auto")
+        layout[live.layout_key(machine_y)].update(side="right", showgrid=False, tickmode="auto", rangemode="tozero",
+                                               visible=machine, **({"title": {"text": row.machine}} if machine else {}),
+                                               **({"range": list(row.machine_range)}
+                                                  if machine and row.machine_range else {}))
+    for key, axis in layout.items():
+        if key.startswith("xaxis"):
+            axis["hoverformat"] = ".1f"   # the hover's header: seconds, not 9.301387
+    layout[live.layout_key(live.axis_refs(max(1, len(rows)))[0])]["title"] = {"text": x_title}
     # On the first row's kernel axis, as high as the front end draws it: an axis
     # of its own would be a subplot more to draw (a seventh of a redraw).
-    fig.add_trace(go.Bar(x=[], y=[], meta="cells", name="cells", marker={"color": "rgba(0,0,0,0)"},
-                         hoverinfo="text", showlegend=False), row=1, col=1, secondary_y=True)
-    fig.update_layout(
+    data.append({"type": "bar", "x": [], "y": [], "meta": "cells", "name": "cells",
+                 "marker": {"color": "rgba(0,0,0,0)"}, "hoverinfo": "text", "showlegend": False,
+                 "xaxis": "x", "yaxis": live.axis_refs(1)[1][1]})
+    layout.update(
         title={"x": 0.01, "y": 0.99, "yanchor": "top", "font": {"size": 14}},
         height=MARGIN_PX + sum(row.px for row in rows), autosize=True,
         margin={"l": 60, "r": 60, "t": 70, "b": 40},
-        template=live.template(), hovermode="x unified", uirevision="nbmon",
+        template=live.TEMPLATE, hovermode="x unified", uirevision="nbmon",
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.01, "x": 0.0, "xanchor": "left",
                 "font": {"size": 10}},
     )
-    return fig
+    return {"data": data, "layout": layout}
 
 
 def _origin(store) -> float:
@@ -144,8 +146,8 @@ def write_html(monitor, path, *, title: str | None = None,
     fig = _figure(_columns_of(monitor), "seconds since start")
     store = monitor.store
     if store is not None and len(store):
-        traces = [trace for trace in fig.data if trace.meta != "cells"]
-        columns = [trace.meta for trace in traces]
+        traces = [trace for trace in fig["data"] if trace["meta"] != "cells"]
+        columns = [trace["meta"] for trace in traces]
         frame = build_frame(store, columns, math.inf, budget_per_trace, origin=_origin(store),
                             max_bytes=8 * budget_per_trace * max(1, len(columns)))
         for trace, column in zip(traces, columns):
@@ -153,7 +155,7 @@ def write_html(monitor, path, *, title: str | None = None,
             unit = catalog.unit_of(column)
             trace.update(x=x, y=y, text=[fmt(v, unit) for v in y.tolist()])
     name = title or "nbmon run"
-    fig.update_layout(title_text=html.escape(name))
+    fig["layout"]["title"]["text"] = html.escape(name)
     static = record(monitor, state="stopped")
     picture = png_img(static.timeline.png, static.timeline.width, static.timeline.height) if static.timeline else ""
     return pages.write_page(path, name, static.html + picture, fig, overwrite=overwrite)
@@ -166,7 +168,8 @@ class Dashboard(LiveView):
 
     x is seconds since the run started and fits the data until ``window_s``
     seconds are held, then shows the last ``window_s``. ``widget`` is the
-    FigureWidget (None until built: with ``build=False`` the refresher
+    chart's widget, plotly's FigureWidget unless ``plotly`` is False
+    (:func:`live.widget_class`) (None until built: with ``build=False`` the refresher
     thread builds it, so a caller can display the record at once). ``cells``
     is a list the caller fills with cell executions ({id, n, label, t0, t1},
     times on the monitor's clock, t1 None while running) to draw as bands;
@@ -180,8 +183,8 @@ class Dashboard(LiveView):
 
     def __init__(self, monitor, window_s: float = DEFAULT_WINDOW_S, refresh_hz: float = DEFAULT_REFRESH_HZ,
                  budget_per_trace: int = DEFAULT_BUDGET, *, start: bool = True, build: bool = True,
-                 cells: list | None = None):
-        super().__init__(window_s, refresh_hz)
+                 cells: list | None = None, plotly: bool = True):
+        super().__init__(window_s, refresh_hz, plotly=plotly)
         self.budget_per_trace = live.check_points("budget_per_trace", budget_per_trace)
         self.monitor = monitor
         self.cells = cells if cells is not None else []
@@ -205,18 +208,18 @@ class Dashboard(LiveView):
         fig = _figure(_columns_of(self.monitor), "seconds since start")
         with self._lock:
             store = self.monitor.store
-            traces = [k for k, trace in enumerate(fig.data) if trace.meta != "cells"]
-            self.columns = [fig.data[k].meta for k in traces]   # the store's, once it has one
+            traces = [k for k, trace in enumerate(fig["data"]) if trace["meta"] != "cells"]
+            self.columns = [fig["data"][k]["meta"] for k in traces]   # the store's, once it has one
             self._memory_axes = _memory_axes(fig)
             if store is not None and len(store):
                 self._attach(store)
                 frame = build_frame(store, self.columns, self.window_s, self.budget_per_trace, origin=self._t0)
                 for k, column in zip(traces, self.columns):
                     x, y = frame.get(column, (_EMPTY, _EMPTY))
-                    fig.data[k].update(x=x.astype(np.float64), y=y)
-                fig.layout.title.text = self._title(store)
+                    fig["data"][k].update(x=x.astype(np.float64), y=y)
+                fig["layout"]["title"]["text"] = self._title(store)
             else:
-                fig.layout.title.text = "waiting for samples…"
+                fig["layout"]["title"]["text"] = "waiting for samples…"
             # No frame for stale_s seconds: the front end marks the chart as not live.
             stale_s = max(5.0, 3 * self.monitor.interval + 2 / self.refresh_hz)
             self._make_widget(fig, stale_s=stale_s, cells=self._cell_updates(), layout=self._warning_layout(),
@@ -330,13 +333,13 @@ class Dashboard(LiveView):
 
 def _memory_axes(fig) -> tuple | None:
     """(x, kernel y, machine y or None) of the memory row of a :func:`_figure`."""
-    memory = {catalog.metric_of(t.meta).source: t for t in fig.data
-              if t.meta != "cells" and catalog.metric_of(t.meta).chart == "memory"}
+    memory = {catalog.metric_of(t["meta"]).source: t for t in fig["data"]
+              if t["meta"] != "cells" and catalog.metric_of(t["meta"]).chart == "memory"}
     kernel = memory.get(catalog.TREE)
     if kernel is None:
         return None
     machine = memory.get(catalog.MACHINE)
-    return kernel.xaxis or "x", kernel.yaxis or "y", machine.yaxis if machine is not None else None
+    return kernel["xaxis"], kernel["yaxis"], machine["yaxis"] if machine is not None else None
 
 
 def keep_cells(cells: list, now: float, window_s: float) -> None:

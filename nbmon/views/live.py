@@ -1,7 +1,11 @@
 """The base of nbmon's live views: the kernel's dashboard
 (:mod:`nbmon.views.dashboard`) and a Dask cluster's
-(:mod:`nbmon.views.cluster`). One plotly FigureWidget class with one
-front end (js/dashboard/), one refresher lifecycle, one record.
+(:mod:`nbmon.views.cluster`). One chart widget with one front end
+(js/dashboard/: plotly's own, in the page), one refresher lifecycle, one
+record. The widget is plotly's FigureWidget where the user's code can reach
+it (the session in the kernel: its event callbacks), else a plain widget
+with the same state, made from the figure as a dict, so that the session's
+helper never imports plotly (:func:`widget_class`).
 
 What is displayed is not the widget but the view's static record: a table
 (text/html that every viewer shows, :mod:`nbmon.report.render`) carrying the
@@ -195,26 +199,40 @@ def push_bundle() -> bool:
         return False
 
 
-def widget_class() -> type:
-    """nbmon's FigureWidget class (made once per process)."""
+def widget_class(plotly: bool = True) -> type:
+    """nbmon's chart widget class (made once per process): plotly's
+    FigureWidget where ``plotly`` (the figure as plotly's objects in Python,
+    whose event callbacks the user's code can register), else a plain
+    anywidget with the same state, made without importing plotly."""
+    name = "FigureWidget" if plotly else "ChartWidget"
     with _classes_lock:
-        if "FigureWidget" not in _classes:
-            import_plotly()
-            _classes["FigureWidget"] = _make_widget_class()
-        return _classes["FigureWidget"]
+        if name not in _classes:
+            _classes[name] = _make_widget_class(plotly)
+        return _classes[name]
 
 
-def _make_widget_class() -> type:
-    import plotly.graph_objects as go
+def _arrays_as_buffers(data: list, _widget) -> list:
+    """A figure's traces with their arrays in plotly's wire form
+    ({buffer, dtype, shape}: the widget's buffers travel as binary)."""
+    def wire(value):
+        if isinstance(value, np.ndarray):
+            value = np.ascontiguousarray(value)
+            return {"buffer": memoryview(value), "dtype": str(value.dtype), "shape": list(value.shape)}
+        return value
+    return [{key: wire(value) for key, value in trace.items()} for trace in data]
+
+
+def _make_widget_class(plotly: bool) -> type:
+    import anywidget
     import traitlets
 
     version = plotly_bundle()[0]
 
-    class FigureWidget(go.FigureWidget):  # the same name: callers check it
-        """plotly's FigureWidget with nbmon's front end (js/dashboard/):
-        plotly's bundle travels as a custom message (pushed once per
-        process, and on request), never as widget state, and the view sends
-        no echo of updates back."""
+    class Chart(traitlets.HasTraits):
+        """What nbmon's chart widgets share: nbmon's front end
+        (js/dashboard/); plotly's bundle travels as a custom message (pushed
+        once per process, and on request), never as widget state, and the
+        view sends no echo of updates back."""
 
         _esm = LOADER
         # What the front end needs from the start (see the module's doc): bundle
@@ -224,9 +242,9 @@ def _make_widget_class() -> type:
         # asked for; "nbmon:events" after).
         _nbmon = traitlets.Dict().tag(sync=True)
 
-        def __init__(self, figure=None, nbmon: dict | None = None):
-            self._nbmon_first = {"bundle": version, "pushed": _bundle_pushed, **(nbmon or {})}
-            super().__init__(figure)
+        def __init__(self, nbmon: dict, *args, **kwargs):
+            self._nbmon_first = {"bundle": version, "pushed": _bundle_pushed, **nbmon}
+            super().__init__(*args, **kwargs)
 
         @traitlets.default("_nbmon")
         def _nbmon_default(self):
@@ -243,6 +261,27 @@ def _make_widget_class() -> type:
             else:
                 super()._handle_custom_msg(content, buffers)
 
+    if not plotly:
+        class ChartWidget(Chart, anywidget.AnyWidget):
+            """The figure (a dict: data, layout) as the state plotly's front
+            end reads, no more: the session's helper draws with it, and never
+            imports plotly (34 MiB)."""
+
+            _widget_data = traitlets.List().tag(sync=True, to_json=_arrays_as_buffers)
+            _widget_layout = traitlets.Dict().tag(sync=True)
+            _config = traitlets.Dict().tag(sync=True)
+
+            def __init__(self, nbmon: dict, figure: dict):
+                super().__init__(nbmon, _widget_data=figure["data"], _widget_layout=figure["layout"])
+
+        return ChartWidget
+
+    import_plotly()
+    import plotly.graph_objects as go
+
+    class FigureWidget(Chart, go.FigureWidget):  # the same name: callers check it
+        """plotly's FigureWidget with nbmon's front end."""
+
         def on_edits_completed(self, fn):
             # The front end applies edits in order and sends no delta back to wait for.
             fn()
@@ -250,21 +289,64 @@ def _make_widget_class() -> type:
     return FigureWidget
 
 
-def template():
-    """nbmon's plotly template: transparent panels and grey grid lines that
-    read on a light and a dark page (the front end sets the font colour
-    from the page's theme); tick labels level, drawn where they fall, in
-    fixed margins: plotly otherwise measures every new label against the
-    page, and tries angles for the x axis's, at every redraw."""
-    import plotly.io as pio
+# nbmon's plotly template: transparent panels and grey grid lines that read
+# on a light and a dark page (the front end sets the font colour from the
+# page's theme); tick labels level, drawn where they fall, in fixed margins:
+# plotly otherwise measures every new label against the page, and tries
+# angles for the x axis's, at every redraw. The rest is plotly_white's
+# layout, as plotly 6 and 7 have it: a plain dict, so that a chart needs no
+# plotly in the process that makes it.
+_GRID = "rgba(128,128,128,0.25)"
+_AXIS = {"gridcolor": _GRID, "linecolor": _GRID, "zerolinecolor": _GRID, "zerolinewidth": 2, "ticks": "",
+         "title": {"standoff": 15}, "automargin": False, "ticklabeloverflow": "allow"}
+TEMPLATE = {"layout": {
+    "annotationdefaults": {"arrowcolor": "#2a3f5f", "arrowhead": 0, "arrowwidth": 1},
+    "autotypenumbers": "strict",
+    "colorway": ["#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3f3", "#FF6692", "#B6E880",
+                 "#FF97FF", "#FECB52"],
+    "font": {"color": "#2a3f5f"}, "hoverlabel": {"align": "left"}, "hovermode": "closest",
+    "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
+    "shapedefaults": {"line": {"color": "#2a3f5f"}}, "title": {"x": 0.05},
+    "xaxis": {**_AXIS, "tickangle": 0}, "yaxis": _AXIS,
+}}
+SECONDARY_Y_ROOM = 0.06   # the width plotly's make_subplots leaves right of a plot for its secondary y axis
 
-    template = pio.templates["plotly_white"]
-    template.layout.update(paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
-    grid = "rgba(128,128,128,0.25)"
-    for axis in (template.layout.xaxis, template.layout.yaxis):
-        axis.update(gridcolor=grid, zerolinecolor=grid, linecolor=grid, ticklabeloverflow="allow", automargin=False)
-    template.layout.xaxis.tickangle = 0
-    return template
+
+def stacked_rows(heights: list[float], spacing: float) -> dict:
+    """The axes of plotly's ``make_subplots(rows=len(heights), cols=1,
+    shared_xaxes=True, vertical_spacing=spacing, row_heights=heights,
+    specs=[[{"secondary_y": True}]] * rows)``, as layout entries, made
+    without plotly: row k (from the top) has x axis k, its primary y axis
+    2k-1 and its secondary 2k (see :func:`axis_refs`)."""
+    rows, total = len(heights), float(sum(heights))
+    room = 1.0 - spacing * (rows - 1)
+    domains, bottom = [], 0.0
+    for height in reversed(heights):   # from the bottom up, as plotly adds them (the same floats)
+        top = bottom + height / total * room
+        domains.append([round(bottom, 12), round(top, 12)])   # 1.0, not 1.0000000000000004
+        bottom = top + spacing
+    layout = {}
+    for k, domain in enumerate(reversed(domains), start=1):
+        x, (y1, y2) = axis_refs(k)
+        xaxis = {"anchor": y1, "domain": [0.0, 1.0 - SECONDARY_Y_ROOM]}
+        if k < rows:   # shared: every row follows the bottom row's x axis, which alone shows its ticks
+            xaxis.update(matches=axis_refs(rows)[0], showticklabels=False)
+        layout[layout_key(x)] = xaxis
+        layout[layout_key(y1)] = {"anchor": x, "domain": domain}
+        layout[layout_key(y2)] = {"anchor": x, "overlaying": y1, "side": "right"}
+    return layout
+
+
+def axis_refs(row: int) -> tuple[str, tuple[str, str]]:
+    """('x2', ('y3', 'y4')): row ``row``'s x axis and its primary and secondary y axes, as traces name them."""
+    def ref(letter: str, number: int) -> str:
+        return letter if number == 1 else f"{letter}{number}"
+    return ref("x", row), (ref("y", 2 * row - 1), ref("y", 2 * row))
+
+
+def layout_key(ref: str) -> str:
+    """'y3' -> 'yaxis3': where the layout holds the axis a trace names."""
+    return f"{ref[0]}axis{ref[1:]}"
 
 
 def subplot_refs(fig, row: int, col: int) -> tuple[str, str]:
@@ -309,7 +391,8 @@ class LiveView:
     THREAD_NAME = "nbmon-live"
     MAX_HZ = math.inf
 
-    def __init__(self, window_s: float, refresh_hz: float):
+    def __init__(self, window_s: float, refresh_hz: float, *, plotly: bool = True):
+        self.plotly = plotly        # the widget: plotly's FigureWidget, else a plain one (see widget_class)
         self.window_s = check_positive("window_s", window_s)
         self.refresh_hz = check_positive("refresh_hz", refresh_hz)
         if self.refresh_hz > self.MAX_HZ:
@@ -360,9 +443,9 @@ class LiveView:
     # -- the widget ----------------------------------------------------------------
     def _make_widget(self, fig, *, streams: list[dict], layout: dict | None = None, stale_s: float,
                      cells: list | None = None) -> None:
-        self.widget = widget_class()(fig, nbmon={
+        self.widget = widget_class(self.plotly)({
             "id": self.live_id, "window": self.window_s, "stale_s": stale_s, "events": [],
-            "cells": cells or [], "streams": streams, "layout": layout or {}})
+            "cells": cells or [], "streams": streams, "layout": layout or {}}, fig)
         if self.chart_handle is not None:   # a widget view, for a manager that makes models only for those
             self.chart_handle.update(Output({WIDGET_VIEW: {"version_major": 2, "version_minor": 0,
                                                            "model_id": self.widget.model_id},
@@ -379,7 +462,9 @@ class LiveView:
     def _asked_events(self) -> tuple:
         """The plotly events the user's code registered callbacks for on the
         widget (``trace.on_hover``, ``layout.on_change``, ...): the front end
-        sends those, and only those, back to the kernel."""
+        sends those, and only those, back to the kernel. A plain widget has none."""
+        if not self.plotly:
+            return ()
         asked = set()
         for trace in self.widget.data:
             for kind in EVENTS:
