@@ -6,7 +6,7 @@ room to start anything of nbmon's at all (:func:`check_room`,
 :class:`StartError`), its resident memory (:func:`resident_mb`).
 
 A helper starts isolated (-I: no current directory, PYTHONPATH or user
-site-packages on sys.path; cwd /), so that a notebook opened in a shared
+site-packages on sys.path; -S: no .pth file runs; cwd /), so that a notebook opened in a shared
 directory where someone planted an ``nbmon/`` or ``numpy/`` never runs their
 code; the directories the kernel's own copies of what the helper imports
 come from go first on its sys.path, so it starts wherever they came from.
@@ -38,6 +38,10 @@ EXCLUDED: set[int] = set()
 # (``places``: top-level name -> directory) are imported from exactly there;
 # everything else from its isolated sys.path (the standard library first),
 # then from the kernel's directories (``fallback``: their dependencies).
+# -I: no current directory, PYTHONPATH or user site-packages; -S: no site
+# module, so no .pth file of any site-packages runs code in the helper.
+_FLAGS = ("-I", "-S")
+SPAWN_MARK = "\0".join((*_FLAGS, "-c", "")).encode()   # in a helper's /proc/PID/cmdline: a quick first test
 _BOOT = ("import importlib, importlib.machinery, json, sys\n"
          "places, fallback = json.loads(sys.argv[1])\n"
          "class Places:\n"
@@ -86,7 +90,7 @@ def spawn(entry: str, args: list[str], imports, pass_fds: tuple[int, ...] = ()) 
     and stdout are pipes, and it inherits ``pass_fds`` too."""
     places = import_places((*imports, *catalog.plugin_imports()))
     return subprocess.Popen(
-        [sys.executable, "-I", "-c", _BOOT, json.dumps(places), entry, *args],
+        [sys.executable, *_FLAGS, "-c", _BOOT, json.dumps(places), entry, *args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
         close_fds=True, pass_fds=pass_fds, start_new_session=True)
 
@@ -94,7 +98,8 @@ def spawn(entry: str, args: list[str], imports, pass_fds: tuple[int, ...] = ()) 
 def spawned(argv: list[bytes]) -> bool:
     """Whether a command line (/proc/<pid>/cmdline's fields) is one of
     :func:`spawn`'s: nbmon's own helper processes, seen from outside."""
-    return len(argv) > 3 and argv[1:3] == [b"-I", b"-c"] and argv[3] == _BOOT.encode()
+    flags = [flag.encode() for flag in _FLAGS]
+    return argv[1:len(flags) + 3] == [*flags, b"-c", _BOOT.encode()]
 
 
 # A frame on a helper's pipe: its kind (one byte), its payload's length, the payload.

@@ -157,7 +157,8 @@ def copy_of_nbmon(into: str) -> str:
 @pytest.mark.parametrize("where", ["PYTHONPATH", "user site-packages", "a virtual environment's site-packages"])
 def test_the_helper_starts_from_wherever_the_kernels_nbmon_came_from(tmp_path, where):
     """``-I`` drops PYTHONPATH and the user's site-packages: the helper still
-    runs the kernel's own nbmon (not another copy the interpreter can see)."""
+    runs the kernel's own nbmon (not another copy the interpreter can see);
+    ``-S``: no .pth file of the environment runs code in it."""
     python, env = sys.executable, dict(os.environ, NBMON_TEST_MARK=str(tmp_path / "mark"))
     env.pop("PYTHONPATH", None)
     if where == "PYTHONPATH":
@@ -176,6 +177,9 @@ def test_the_helper_starts_from_wherever_the_kernels_nbmon_came_from(tmp_path, w
         site_packages = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                        capture_output=True, text=True, check=True).stdout.strip()
         copy = copy_of_nbmon(site_packages)
+        # A .pth file there: code that `site` runs in every interpreter of the environment, never in a helper.
+        with open(os.path.join(site_packages, "nbmon_test_mark.pth"), "w") as f:
+            f.write("import os; open(os.environ['NBMON_TEST_MARK'] + '.pth', 'a').write(f'{os.getpid()}\\n')\n")
     (tmp_path / "cwd").mkdir()
     done = subprocess.run([python, "-c", KERNEL], cwd=tmp_path / "cwd", env=env, capture_output=True, text=True,
                           timeout=120)
@@ -187,6 +191,9 @@ def test_the_helper_starts_from_wherever_the_kernels_nbmon_came_from(tmp_path, w
     assert kernel["nbmon"] == os.path.join(copy, "__init__.py")
     assert kernel["backend"] == "process" and kernel["samples"] >= 3, done.stderr
     assert imported[str(kernel["helper"])].strip() == os.path.join(copy, "sampling", "process.py")
+    if where == "a virtual environment's site-packages":
+        ran_pth = (tmp_path / "mark.pth").read_text().split()
+        assert len(set(ran_pth)) == 1 and str(kernel["helper"]) not in ran_pth   # the kernel's, not the helper's
 
 
 # -- outputs never written through a planted link --------------------------------------------

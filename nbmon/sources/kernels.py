@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..launch import spawned
+from ..launch import SPAWN_MARK, spawned
 from ..private import started_in
 from .procfs import read_path
 
@@ -113,7 +113,7 @@ def find_kernels(uid: int | None = None, members: frozenset[int] = frozenset()) 
                     continue
                 raw = read_path(f"/proc/{pid}/cmdline", 1 << 16)
                 if b".json" not in raw:   # most processes: not a kernel, nothing to decode
-                    if b"-I\0-c\0" in raw and spawned(raw.split(b"\0")):
+                    if SPAWN_MARK in raw and spawned(raw.split(b"\0")):
                         helpers.add(pid)
                     continue
                 path = connection_file([a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")])
