@@ -225,12 +225,14 @@ class Collector:
                 self.errors += 1
                 self.last_error = f"{type(err).__name__}: {err}"
 
-    def handle(self, msg, arrived: float | None = None) -> None:
+    def handle(self, msg, arrived: float | None = None, opened_from=None) -> None:
+        """One event of the watch's topic; ``opened_from``: what turns it into
+        the envelope first (the helper's copy gets it as text), refused alike."""
         arrived = time.time() if arrived is None else arrived
         with self._lock:
             try:
                 try:
-                    body = opened(self.key, msg)
+                    body = opened(self.key, msg if opened_from is None else opened_from(msg))
                 except ValueError as why:
                     raise Refused(str(why)) from None
                 if isinstance(body, dict) and "r" in body:

@@ -96,6 +96,19 @@ class ClusterCopy:
     running: bool = True
 
 
+def _closed(views: list) -> list[dict]:
+    """Each live view in ``views`` (view, table's display id, picture's)
+    closed, not just frozen (an open widget stays in ipywidgets' registry),
+    and emptied: their final outputs (static records), by display id."""
+    finals = []
+    for view, table_id, picture_id in views:
+        final = view.close()
+        finals.append({"ids": [table_id, picture_id], "table": bundle(final.table()),
+                       "picture": bundle(final.picture())})
+    views.clear()
+    return finals
+
+
 class SessionHost(HostCalls, HostNotes):
     """The session of one kernel (``pid``). ``outlet`` carries what the host
     sends on its own (display updates, warnings); ``kernel``: the outputs
@@ -212,12 +225,7 @@ class SessionHost(HostCalls, HostNotes):
         if self.monitor is not None:
             self.monitor.stop()
             summary = self.monitor.summary()
-        finals = []
-        for view, table_id, picture_id in self.views:
-            final = view.close()   # not just freeze(): an open widget stays in ipywidgets' registry
-            finals.append({"ids": [table_id, picture_id], "table": bundle(final.table()),
-                           "picture": bundle(final.picture())})
-        self.views.clear()
+        finals = _closed(self.views)
         self.bands.clear()
         self._owner = ""
         return {"views": finals, "summary": bundle(summary) if summary is not None else None,
@@ -517,11 +525,7 @@ class SessionHost(HostCalls, HostNotes):
         from ..dask.wire import from_text
 
         if self.cluster is not None:
-            try:
-                self.cluster.collector.handle(from_text(envelope), arrived)
-            except ValueError as why:
-                self.cluster.collector.unread += 1
-                self.cluster.collector.reason = str(why)
+            self.cluster.collector.handle(envelope, arrived, opened_from=from_text)
 
     def cluster_view(self, window_s: float) -> dict:
         """The watched cluster's live view: its record's outputs to display
@@ -550,12 +554,7 @@ class SessionHost(HostCalls, HostNotes):
         final outputs (its static record, by display id)."""
         if self.cluster is not None:
             self.cluster.running = False
-        finals = []
-        for view, table_id, picture_id in self.cluster_views:
-            final = view.close()
-            finals.append({"ids": [table_id, picture_id], "table": bundle(final.table()),
-                           "picture": bundle(final.picture())})
-        self.cluster_views.clear()
+        finals = _closed(self.cluster_views)
         self.cluster = None
         return {"views": finals}
 

@@ -198,6 +198,13 @@ def _show(bundle: dict, display_id: str | bool | None = None):
     return display(bundle["data"], raw=True, metadata=bundle["metadata"], display_id=display_id)
 
 
+def _show_finals(views: list[dict]) -> None:
+    """Each stopped live view's final outputs (its static record) in place of its live ones, by display id."""
+    for view in views:
+        for bundle, display_id in zip((view["table"], view["picture"]), view["ids"]):
+            update_display(bundle["data"], raw=True, metadata=bundle["metadata"], display_id=display_id)
+
+
 # The place of a record's timeline, kept while the cell's end is measured: empty.
 PENDING = {"data": {"text/plain": "", "text/html": ""}, "metadata": {}}
 
@@ -416,9 +423,7 @@ class ResmonMagics(Magics):
         except Exception as err:  # noqa: BLE001
             _said(err)
             return
-        for view in got["views"]:
-            for bundle, display_id in zip((view["table"], view["picture"]), view["ids"]):
-                update_display(bundle["data"], raw=True, metadata=bundle["metadata"], display_id=display_id)
+        _show_finals(got["views"])
         if summary and got["summary"] is not None:
             _show(got["summary"])
 
@@ -567,9 +572,7 @@ class ResmonMagics(Magics):
         except Exception as err:  # noqa: BLE001
             _said(err)
         else:
-            for view in got["views"]:
-                for bundle, display_id in zip((view["table"], view["picture"]), view["ids"]):
-                    update_display(bundle["data"], raw=True, metadata=bundle["metadata"], display_id=display_id)
+            _show_finals(got["views"])
         for worker, threads in left.items():
             print(printable(f"nbmon: still running on worker {worker}: {', '.join(threads)}"))
 
